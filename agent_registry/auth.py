@@ -1,0 +1,70 @@
+"""API authentication: `Authorization: Bearer <key>`, and HTTP Basic for Langfuse SDKs (secret key = the
+Keel key). Each operation names the scope it needs; a key without it gets 403, an unknown key 401."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest
+from ninja.security import HttpBasicAuth, HttpBearer
+
+from agent_registry import selectors, services
+from agent_registry.models import ApiKey, Scope, Workspace
+from config.errors import PermissionDenied, Unauthenticated
+
+
+def _key_with_scope(raw_key: str, scope: Scope) -> ApiKey | None:
+    api_key = services.apikey_authenticate(raw_key=raw_key.strip())
+    if api_key is None:
+        return None
+    if scope not in api_key.scopes:
+        raise PermissionDenied(f"this API key lacks the {scope.value!r} scope", code="insufficient_scope")
+    return api_key
+
+
+class ApiKeyBearer(HttpBearer):
+    def __init__(self, scope: Scope) -> None:
+        super().__init__()
+        self.scope = scope
+
+    def authenticate(self, request: HttpRequest, token: str) -> ApiKey | None:
+        return _key_with_scope(token, self.scope)
+
+
+class ApiKeyBasic(HttpBasicAuth):
+    """Langfuse clients send Basic base64(public_key:secret_key); the secret key is a Keel API key."""
+
+    def __init__(self, scope: Scope) -> None:
+        super().__init__()
+        self.scope = scope
+
+    def authenticate(self, request: HttpRequest, username: str, password: str) -> ApiKey | None:
+        return _key_with_scope(password, self.scope)
+
+
+def key_auth(scope: Scope) -> list[Any]:
+    return [ApiKeyBearer(scope)]
+
+
+def langfuse_auth(scope: Scope) -> list[Any]:
+    return [ApiKeyBasic(scope), ApiKeyBearer(scope)]
+
+
+def request_api_key(request: HttpRequest) -> ApiKey:
+    api_key = getattr(request, "auth", None)
+    if not isinstance(api_key, ApiKey):
+        raise Unauthenticated("this operation needs an API key")
+    return api_key
+
+
+def request_workspace(request: HttpRequest) -> Workspace:
+    return request_api_key(request).workspace
+
+
+def request_agent_ids(request: HttpRequest) -> frozenset[int] | None:
+    """The agents the calling key may touch (None: all), computed once per request."""
+    cache = request.__dict__
+    if "_keel_agent_ids" not in cache:
+        cache["_keel_agent_ids"] = selectors.apikey_agent_ids(api_key=request_api_key(request))
+    agent_ids: frozenset[int] | None = cache["_keel_agent_ids"]
+    return agent_ids

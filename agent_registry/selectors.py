@@ -1,0 +1,217 @@
+"""Reads of the registry. Every function is scoped to a workspace (or to an agent already scoped to one);
+`agent_ids` narrows further for keys limited to some agents (None: every agent of the workspace)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from datetime import datetime
+
+from django.db.models import Count, Max, Prefetch, QuerySet
+
+from agent_registry import exceptions, requirements
+from agent_registry.models import (
+    Agent,
+    ApiKey,
+    Membership,
+    Prompt,
+    PromptLabel,
+    PromptLabelMove,
+    PromptVersion,
+    RequirementsVersion,
+    User,
+    WorkerHeartbeat,
+    Workspace,
+)
+
+AgentIds = Collection[int] | None
+
+
+# --- Workspaces -------------------------------------------------------------------------------
+
+
+def membership_list_for_user(*, user: User) -> QuerySet[Membership]:
+    return Membership.objects.filter(user=user).select_related("workspace").order_by("workspace__name")
+
+
+def membership_get(*, user: User, workspace_slug: str) -> Membership:
+    membership = (
+        Membership.objects.select_related("workspace").filter(user=user, workspace__slug=workspace_slug).first()
+    )
+    if membership is None:
+        # The same answer whether the workspace exists or not: a slug alone reveals nothing.
+        raise exceptions.WorkspaceNotFound(f"no workspace {workspace_slug!r}")
+    return membership
+
+
+def workspace_member_list(*, workspace: Workspace) -> QuerySet[Membership]:
+    return workspace.memberships.select_related("user").order_by("user__username")
+
+
+# --- API keys ---------------------------------------------------------------------------------
+
+
+def apikey_list(*, workspace: Workspace) -> QuerySet[ApiKey]:
+    return (
+        ApiKey.objects.filter(workspace=workspace)
+        .select_related("created_by")
+        .prefetch_related("agents")
+        .order_by("revoked_at", "-created_at")
+    )
+
+
+def apikey_get(*, workspace: Workspace, key_id: int) -> ApiKey:
+    api_key = ApiKey.objects.filter(workspace=workspace, pk=key_id).first()
+    if api_key is None:
+        raise exceptions.ApiKeyNotFound(f"no API key {key_id}")
+    return api_key
+
+
+def apikey_agent_ids(*, api_key: ApiKey) -> frozenset[int] | None:
+    """The agents a key is limited to, or None when it serves the whole workspace."""
+    ids = frozenset(api_key.agents.values_list("pk", flat=True))
+    return ids or None
+
+
+# --- Agents -----------------------------------------------------------------------------------
+
+
+def agent_list(*, workspace: Workspace, agent_ids: AgentIds = None, status: str | None = None) -> QuerySet[Agent]:
+    agents = Agent.objects.filter(workspace=workspace).select_related("owner", "current_requirements")
+    if agent_ids is not None:
+        agents = agents.filter(pk__in=agent_ids)
+    if status:
+        agents = agents.filter(status=status)
+    return agents.annotate(prompt_count=Count("prompts", distinct=True)).order_by("name")
+
+
+def agent_get(*, workspace: Workspace, slug: str, agent_ids: AgentIds = None) -> Agent:
+    agent = Agent.objects.select_related("owner", "current_requirements", "workspace").filter(
+        workspace=workspace, slug=slug
+    )
+    if agent_ids is not None:
+        agent = agent.filter(pk__in=agent_ids)
+    found = agent.first()
+    if found is None:
+        raise exceptions.AgentNotFound(f"no agent {slug!r} in this workspace")
+    return found
+
+
+# --- Requirements -----------------------------------------------------------------------------
+
+
+def requirements_version_list(*, agent: Agent) -> QuerySet[RequirementsVersion]:
+    return agent.requirements_versions.select_related("created_by", "created_via_key").order_by("-version")
+
+
+def requirements_version_get(*, agent: Agent, version: int) -> RequirementsVersion:
+    found = agent.requirements_versions.select_related("created_by").filter(version=version).first()
+    if found is None:
+        raise exceptions.RequirementsVersionNotFound(f"agent {agent.slug!r} has no requirements version {version}")
+    return found
+
+
+def requirements_current(*, agent: Agent) -> requirements.Requirements | None:
+    """The answers in force, parsed; None until the first save."""
+    if agent.current_requirements is None:
+        return None
+    return requirements.Requirements.model_validate(agent.current_requirements.answers)
+
+
+# --- Prompts ----------------------------------------------------------------------------------
+
+
+def prompt_list(*, workspace: Workspace, agent: Agent | None = None, agent_ids: AgentIds = None) -> QuerySet[Prompt]:
+    found = Prompt.objects.filter(workspace=workspace).select_related("agent")
+    if agent is not None:
+        found = found.filter(agent=agent)
+    if agent_ids is not None:
+        found = found.filter(agent_id__in=agent_ids)
+    return (
+        found.annotate(latest_version=Max("versions__version"))
+        .prefetch_related(Prefetch("labels", queryset=PromptLabel.objects.select_related("version")))
+        .order_by("name")
+    )
+
+
+def prompt_get(*, workspace: Workspace, name: str, agent_ids: AgentIds = None) -> Prompt:
+    found = Prompt.objects.select_related("agent").filter(workspace=workspace, name=name)
+    if agent_ids is not None:
+        found = found.filter(agent_id__in=agent_ids)
+    prompt = found.first()
+    if prompt is None:
+        raise exceptions.PromptNotFound(f"no prompt named {name!r}")
+    return prompt
+
+
+def prompt_get_by_id(*, workspace: Workspace, prompt_id: int) -> Prompt:
+    prompt = Prompt.objects.select_related("agent").filter(workspace=workspace, pk=prompt_id).first()
+    if prompt is None:
+        raise exceptions.PromptNotFound(f"no prompt {prompt_id}")
+    return prompt
+
+
+def prompt_version_list(*, prompt: Prompt) -> QuerySet[PromptVersion]:
+    return (
+        prompt.versions.select_related("created_by", "created_via_key")
+        .prefetch_related("labels")
+        .order_by("-version")
+    )
+
+
+def prompt_version_get(*, prompt: Prompt, version: int) -> PromptVersion:
+    found = prompt.versions.select_related("created_by").filter(version=version).first()
+    if found is None:
+        raise exceptions.PromptVersionNotFound(f"prompt {prompt.name!r} has no version {version}")
+    return found
+
+
+def prompt_version_latest(*, prompt: Prompt) -> PromptVersion:
+    found = prompt.versions.order_by("-version").first()
+    if found is None:
+        raise exceptions.PromptVersionNotFound(f"prompt {prompt.name!r} has no versions")
+    return found
+
+
+def prompt_version_get_by_label(*, prompt: Prompt, label: str) -> PromptVersion:
+    if label == "latest":
+        return prompt_version_latest(prompt=prompt)
+    found = PromptVersion.objects.filter(prompt=prompt, labels__name=label).first()
+    if found is None:
+        raise exceptions.PromptLabelNotFound(f"prompt {prompt.name!r} has no label {label!r}")
+    return found
+
+
+def prompt_version_resolve(
+    *,
+    workspace: Workspace,
+    name: str,
+    label: str | None = None,
+    version: int | None = None,
+    agent_ids: AgentIds = None,
+) -> PromptVersion:
+    """The version a client asked for: by number, by label, or `production` when neither is given."""
+    prompt = prompt_get(workspace=workspace, name=name, agent_ids=agent_ids)
+    if version is not None:
+        return prompt_version_get(prompt=prompt, version=version)
+    return prompt_version_get_by_label(prompt=prompt, label=label or "production")
+
+
+def prompt_version_label_names(*, version: PromptVersion) -> list[str]:
+    """The labels on a version, `latest` included when it is the newest."""
+    names = sorted(version.labels.values_list("name", flat=True))
+    latest = version.prompt.versions.aggregate(Max("version"))["version__max"]
+    if latest == version.version:
+        names.append("latest")
+    return names
+
+
+def prompt_label_move_list(*, prompt: Prompt, limit: int = 50) -> QuerySet[PromptLabelMove]:
+    return prompt.label_moves.select_related("from_version", "to_version", "moved_by", "moved_via_key")[:limit]
+
+
+# --- Operations -------------------------------------------------------------------------------
+
+
+def worker_heartbeat_latest() -> datetime | None:
+    last: datetime | None = WorkerHeartbeat.objects.aggregate(last=Max("last_seen_at"))["last"]
+    return last

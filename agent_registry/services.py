@@ -1,0 +1,433 @@
+"""Writes of the registry. Every function takes keyword arguments, validates, and either commits
+whole or raises one of agent_registry.exceptions with nothing written."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F, Max, Q
+from django.utils import timezone
+from pydantic import ValidationError
+
+from agent_registry import exceptions, prompts, requirements
+from agent_registry.models import (
+    Agent,
+    AgentStatus,
+    ApiKey,
+    Membership,
+    Prompt,
+    PromptLabel,
+    PromptLabelMove,
+    PromptVersion,
+    RequirementsVersion,
+    Role,
+    Scope,
+    User,
+    WorkerHeartbeat,
+    Workspace,
+)
+
+# --- Workspaces and people --------------------------------------------------------------------
+
+
+@transaction.atomic
+def workspace_create(*, slug: str, name: str, owner: User) -> Workspace:
+    workspace = Workspace(slug=slug, name=name)
+    workspace.full_clean()
+    workspace.save()
+    Membership.objects.create(workspace=workspace, user=owner, role=Role.OWNER)
+    return workspace
+
+
+def membership_set(*, workspace: Workspace, user: User, role: Role) -> Membership:
+    membership, _ = Membership.objects.update_or_create(workspace=workspace, user=user, defaults={"role": role})
+    return membership
+
+
+# --- API keys ---------------------------------------------------------------------------------
+
+API_KEY_PREFIX = "keel"
+
+
+def _key_hash(raw_key: str) -> str:
+    return hashlib.sha256(raw_key.encode()).hexdigest()
+
+
+@transaction.atomic
+def apikey_create(
+    *,
+    workspace: Workspace,
+    name: str,
+    scopes: Sequence[str],
+    agents: Iterable[Agent] = (),
+    created_by: User | None = None,
+    expires_at: datetime | None = None,
+) -> tuple[ApiKey, str]:
+    """Create a key and return it with its plaintext, which is never stored and cannot be shown again.
+
+    Precondition: every agent belongs to `workspace`.
+    """
+    unknown = sorted(set(scopes) - set(Scope.values))
+    if unknown or not scopes:
+        raise exceptions.ApiKeyInvalid(
+            f"scopes must be a non-empty subset of {', '.join(Scope.values)}",
+            errors=[{"field": "scopes", "message": f"unknown: {', '.join(unknown)}" if unknown else "empty"}],
+        )
+    agents = list(agents)
+    if any(agent.workspace_id != workspace.pk for agent in agents):
+        raise exceptions.AgentNotFound("an agent of another workspace cannot be given to this key")
+    if not name.strip():
+        raise exceptions.ApiKeyInvalid("a key needs a name", errors=[{"field": "name", "message": "required"}])
+    public = secrets.token_hex(6)
+    raw_key = f"{API_KEY_PREFIX}_{public}_{secrets.token_urlsafe(32)}"
+    api_key = ApiKey.objects.create(
+        workspace=workspace,
+        name=name.strip()[:200],
+        prefix=f"{API_KEY_PREFIX}_{public}",
+        key_hash=_key_hash(raw_key),
+        scopes=sorted(set(scopes)),
+        created_by=created_by,
+        expires_at=expires_at,
+    )
+    api_key.agents.set(agents)
+    return api_key, raw_key
+
+
+def apikey_revoke(*, api_key: ApiKey) -> ApiKey:
+    ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    api_key.refresh_from_db(fields=["revoked_at"])
+    return api_key
+
+
+def apikey_authenticate(*, raw_key: str) -> ApiKey | None:
+    """The live key for `raw_key`, or None. Records the time of use at most once a minute per key."""
+    parts = raw_key.split("_", 2)
+    if len(parts) != 3 or parts[0] != API_KEY_PREFIX:
+        return None
+    api_key = (
+        ApiKey.objects.select_related("workspace")
+        .filter(prefix=f"{parts[0]}_{parts[1]}", revoked_at__isnull=True)
+        .first()
+    )
+    if api_key is None or not hmac.compare_digest(api_key.key_hash, _key_hash(raw_key)):
+        return None
+    now = timezone.now()
+    if api_key.expires_at is not None and api_key.expires_at <= now:
+        return None
+    stale = now - timedelta(seconds=settings.API_KEY_LAST_USED_RESOLUTION_SECONDS)
+    if api_key.last_used_at is None or api_key.last_used_at < stale:
+        # A conditional UPDATE: concurrent requests with one key write once, not once each.
+        ApiKey.objects.filter(pk=api_key.pk).filter(Q(last_used_at__isnull=True) | Q(last_used_at__lt=stale)).update(
+            last_used_at=now
+        )
+        api_key.last_used_at = now
+    return api_key
+
+
+# --- Agents -----------------------------------------------------------------------------------
+
+
+def agent_create(
+    *,
+    workspace: Workspace,
+    slug: str,
+    name: str,
+    description: str = "",
+    owner: User | None = None,
+    status: str = AgentStatus.DRAFT,
+) -> Agent:
+    agent = Agent(workspace=workspace, slug=slug, name=name, description=description, owner=owner, status=status)
+    agent.full_clean(exclude=["current_requirements"], validate_unique=False, validate_constraints=False)
+    try:
+        with transaction.atomic():
+            agent.save()
+    except IntegrityError:
+        raise exceptions.AgentSlugTaken(f"an agent with slug {slug!r} already exists in this workspace") from None
+    return agent
+
+
+def agent_update(*, agent: Agent, fields: Mapping[str, Any]) -> Agent:
+    allowed = {"name", "description", "status", "owner"}
+    for field, value in fields.items():
+        if field not in allowed:
+            raise exceptions.AgentInvalid(f"{field} cannot be changed", errors=[{"field": field, "message": "read-only"}])
+        setattr(agent, field, value)
+    agent.full_clean(exclude=["current_requirements"], validate_unique=False, validate_constraints=False)
+    agent.save()
+    return agent
+
+
+def agent_delete(*, agent: Agent) -> None:
+    with transaction.atomic():
+        # The current-requirements pointer protects its version; release it before the cascade.
+        Agent.objects.filter(pk=agent.pk).update(current_requirements=None)
+        # Labels protect versions; the prompts cascade with the agent, labels first.
+        PromptLabel.objects.filter(prompt__agent=agent).delete()
+        Agent.objects.filter(pk=agent.pk).delete()
+
+
+# --- Requirements -----------------------------------------------------------------------------
+
+
+def requirements_parse(answers: Mapping[str, Any]) -> requirements.Requirements:
+    """Validate answers; a failure names every offending field (`io_gap.steps_p95`, ...)."""
+    try:
+        return requirements.Requirements.model_validate(answers)
+    except ValidationError as error:
+        errors = [
+            {"field": ".".join(str(part) for part in item["loc"]) or "answers", "message": item["msg"]}
+            for item in error.errors()
+        ]
+        summary = "; ".join(f"{item['field']}: {item['message']}" for item in errors[:5])
+        raise exceptions.RequirementsInvalid(f"invalid requirements: {summary}", errors=errors) from None
+
+
+@transaction.atomic
+def requirements_version_create(
+    *,
+    agent: Agent,
+    answers: Mapping[str, Any],
+    message: str = "",
+    created_by: User | None = None,
+    created_via_key: ApiKey | None = None,
+) -> RequirementsVersion:
+    """Save answers as the agent's next requirements version and make it current."""
+    parsed = requirements_parse(answers)
+    # Lock the agent so two concurrent saves cannot both take version N+1.
+    locked = Agent.objects.select_for_update().get(pk=agent.pk)
+    last = locked.requirements_versions.aggregate(Max("version"))["version__max"] or 0
+    version = RequirementsVersion.objects.create(
+        agent=locked,
+        version=last + 1,
+        answers=parsed.to_json(),
+        message=message[:500],
+        created_by=created_by,
+        created_via_key=created_via_key,
+    )
+    Agent.objects.filter(pk=agent.pk).update(current_requirements=version, updated_at=timezone.now())
+    agent.current_requirements = version
+    return version
+
+
+def requirements_version_activate(*, agent: Agent, version: RequirementsVersion) -> Agent:
+    """Make an earlier (or later) version current again: a rollback is a pointer move."""
+    if version.agent_id != agent.pk:
+        raise exceptions.RequirementsVersionNotFound("that version belongs to another agent")
+    Agent.objects.filter(pk=agent.pk).update(current_requirements=version, updated_at=timezone.now())
+    agent.current_requirements = version
+    return agent
+
+
+# --- Prompts ----------------------------------------------------------------------------------
+
+# Path segments that the API uses after a prompt name; a name may not contain them.
+RESERVED_NAME_SEGMENTS = frozenset({"versions", "labels", "diff", "render"})
+
+
+def _prompt_name_check(name: str) -> None:
+    problems = []
+    if not name or len(name) > 200:
+        problems.append("must be 1 to 200 characters")
+    elif name.startswith("/") or name.endswith("/") or "//" in name:
+        problems.append("must not start or end with '/' or contain '//'")
+    elif RESERVED_NAME_SEGMENTS & set(name.split("/")):
+        problems.append(f"must not contain a path segment named {', '.join(sorted(RESERVED_NAME_SEGMENTS))}")
+    elif any(ch in name for ch in "?#%\\") or any(ord(ch) < 32 for ch in name):
+        problems.append("must not contain ?, #, %, \\ or control characters")
+    if problems:
+        raise exceptions.PromptInvalid(
+            f"prompt name {problems[0]}", errors=[{"field": "name", "message": problems[0]}]
+        )
+
+
+def _template_check(prompt_type: str, template: Any, config: Any) -> str | list[dict[str, Any]]:
+    if prompt_type not in ("text", "chat"):
+        raise exceptions.PromptInvalid(
+            "type must be text or chat", errors=[{"field": "type", "message": "must be text or chat"}]
+        )
+    if not isinstance(config, dict):
+        raise exceptions.PromptInvalid(
+            "config must be an object", errors=[{"field": "config", "message": "must be an object"}]
+        )
+    try:
+        return prompts.template_validate("text" if prompt_type == "text" else "chat", template)
+    except prompts.TemplateError as error:
+        raise exceptions.PromptInvalid(str(error), errors=[{"field": "template", "message": str(error)}]) from None
+
+
+def _label_check(label: str) -> None:
+    if label == "latest":
+        raise exceptions.PromptLabelInvalid(
+            "latest always points at the newest version and cannot be moved",
+            errors=[{"field": "label", "message": "reserved"}],
+        )
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_.\-]{0,63}", label):
+        raise exceptions.PromptLabelInvalid(
+            f"label {label!r} must be lowercase letters, digits, '_', '.' or '-' (at most 64)",
+            errors=[{"field": "label", "message": "invalid"}],
+        )
+
+
+@transaction.atomic
+def prompt_create(
+    *,
+    agent: Agent,
+    name: str,
+    type: str,
+    template: Any,
+    config: Mapping[str, Any] | None = None,
+    description: str = "",
+    tags: Sequence[str] = (),
+    commit_message: str = "",
+    labels: Sequence[str] = (),
+    created_by: User | None = None,
+    created_via_key: ApiKey | None = None,
+) -> PromptVersion:
+    """Create a prompt with its first version (and labels on it)."""
+    _prompt_name_check(name)
+    _template_check(type, template, dict(config or {}))
+    for label in labels:
+        _label_check(label)
+    try:
+        with transaction.atomic():
+            prompt = Prompt.objects.create(
+                workspace_id=agent.workspace_id,
+                agent=agent,
+                name=name,
+                description=description,
+                tags=sorted(set(tags)),
+            )
+    except IntegrityError:
+        raise exceptions.PromptNameTaken(f"a prompt named {name!r} already exists in this workspace") from None
+    return prompt_version_create(
+        prompt=prompt,
+        type=type,
+        template=template,
+        config=config,
+        commit_message=commit_message,
+        labels=labels,
+        created_by=created_by,
+        created_via_key=created_via_key,
+    )
+
+
+@transaction.atomic
+def prompt_version_create(
+    *,
+    prompt: Prompt,
+    template: Any,
+    type: str | None = None,
+    config: Mapping[str, Any] | None = None,
+    commit_message: str = "",
+    labels: Sequence[str] = (),
+    created_by: User | None = None,
+    created_via_key: ApiKey | None = None,
+) -> PromptVersion:
+    """Publish the prompt's next version; `labels` move to it in the same transaction."""
+    # Lock the prompt so two concurrent publishes cannot both take version N+1.
+    locked = Prompt.objects.select_for_update().get(pk=prompt.pk)
+    last_version = locked.versions.order_by("-version").first()
+    prompt_type = type or (last_version.type if last_version else "text")
+    config_value = dict(config) if config is not None else {}
+    canonical = _template_check(prompt_type, template, config_value)
+    for label in labels:
+        _label_check(label)
+    version = PromptVersion.objects.create(
+        prompt=locked,
+        version=(last_version.version if last_version else 0) + 1,
+        type=prompt_type,
+        template=canonical,
+        config=config_value,
+        commit_message=commit_message[:500],
+        created_by=created_by,
+        created_via_key=created_via_key,
+    )
+    for label in dict.fromkeys(labels):
+        prompt_label_move(
+            prompt=locked, label=label, version=version, moved_by=created_by, moved_via_key=created_via_key
+        )
+    return version
+
+
+@transaction.atomic
+def prompt_label_move(
+    *,
+    prompt: Prompt,
+    label: str,
+    version: PromptVersion,
+    moved_by: User | None = None,
+    moved_via_key: ApiKey | None = None,
+) -> PromptLabel:
+    """Point `label` at `version` (creating the label if new): a deploy, or a rollback."""
+    _label_check(label)
+    if version.prompt_id != prompt.pk:
+        raise exceptions.PromptVersionNotFound("that version belongs to another prompt")
+    existing = PromptLabel.objects.select_for_update().filter(prompt=prompt, name=label).first()
+    if existing is not None and existing.version_id == version.pk:
+        return existing
+    previous = existing.version if existing is not None else None
+    if existing is None:
+        existing = PromptLabel.objects.create(prompt=prompt, name=label, version=version)
+    else:
+        existing.version = version
+        existing.save(update_fields=["version", "updated_at"])
+    PromptLabelMove.objects.create(
+        prompt=prompt,
+        label=label,
+        from_version=previous,
+        to_version=version,
+        moved_by=moved_by,
+        moved_via_key=moved_via_key,
+    )
+    return existing
+
+
+@transaction.atomic
+def prompt_label_delete(
+    *, prompt: Prompt, label: str, moved_by: User | None = None, moved_via_key: ApiKey | None = None
+) -> None:
+    existing = PromptLabel.objects.select_for_update().filter(prompt=prompt, name=label).first()
+    if existing is None:
+        raise exceptions.PromptLabelNotFound(f"prompt {prompt.name!r} has no label {label!r}")
+    PromptLabelMove.objects.create(
+        prompt=prompt,
+        label=label,
+        from_version_id=existing.version_id,
+        to_version=None,
+        moved_by=moved_by,
+        moved_via_key=moved_via_key,
+    )
+    existing.delete()
+
+
+def prompt_version_render(
+    *,
+    version: PromptVersion,
+    variables: Mapping[str, Any],
+    placeholders: Mapping[str, list[dict[str, Any]]] | None = None,
+) -> str | list[dict[str, Any]]:
+    try:
+        return prompts.template_render(version.template, variables, placeholders)
+    except prompts.MissingVariables as error:
+        raise exceptions.PromptVariablesMissing(
+            f"missing values for: {', '.join(error.names)}",
+            errors=[{"field": f"variables.{name}", "message": "required"} for name in error.names],
+        ) from None
+
+
+# --- Operations -------------------------------------------------------------------------------
+
+
+def worker_heartbeat_record(*, hostname: str) -> None:
+    now = timezone.now()
+    updated = WorkerHeartbeat.objects.filter(hostname=hostname).update(last_seen_at=now, beats=F("beats") + 1)
+    if not updated:
+        WorkerHeartbeat.objects.get_or_create(hostname=hostname, defaults={"last_seen_at": now, "beats": 1})

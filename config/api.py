@@ -1,0 +1,108 @@
+"""The API root: one NinjaAPI for Keel's own API (/api/v1/, OpenAPI at /api/v1/openapi.json) and one for
+the paths Langfuse clients call (/api/public/). Errors of every kind leave here as
+`{"detail": ..., "code": ...}` (plus `errors: [{"field", "message"}]` for validation)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404, HttpRequest, HttpResponse
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, HttpError
+from ninja.errors import ValidationError as NinjaValidationError
+
+from agent_registry.api import langfuse_router
+from agent_registry.api import router as registry_router
+from config.errors import KeelError
+
+logger = logging.getLogger("config.api")
+
+
+def _error(api: NinjaAPI, request: HttpRequest, status: int, body: dict[str, Any]) -> HttpResponse:
+    return api.create_response(request, body, status=status)
+
+
+def _field(location: tuple[Any, ...] | list[Any]) -> str:
+    # ninja prefixes body fields with ("body", "payload"); the client only knows its own field names.
+    parts = [str(part) for part in location]
+    while parts and parts[0] in ("body", "payload", "query", "path"):
+        parts.pop(0)
+    return ".".join(parts) or "body"
+
+
+def _install_error_handlers(api: NinjaAPI) -> None:
+    @api.exception_handler(KeelError)
+    def keel_error(request: HttpRequest, error: KeelError) -> HttpResponse:
+        return _error(api, request, error.status, error.body())
+
+    @api.exception_handler(NinjaValidationError)
+    def validation_error(request: HttpRequest, error: NinjaValidationError) -> HttpResponse:
+        errors = [{"field": _field(item.get("loc", ())), "message": item.get("msg", "invalid")} for item in error.errors]
+        summary = "; ".join(f"{item['field']}: {item['message']}" for item in errors[:5])
+        return _error(
+            api, request, 422, {"detail": f"invalid request: {summary}", "code": "validation_error", "errors": errors}
+        )
+
+    @api.exception_handler(DjangoValidationError)
+    def model_validation_error(request: HttpRequest, error: DjangoValidationError) -> HttpResponse:
+        if hasattr(error, "error_dict"):
+            errors = [
+                {"field": field, "message": message}
+                for field, messages in error.message_dict.items()
+                for message in messages
+            ]
+        else:
+            errors = [{"field": "body", "message": message} for message in error.messages]
+        summary = "; ".join(f"{item['field']}: {item['message']}" for item in errors[:5])
+        return _error(
+            api, request, 422, {"detail": f"invalid request: {summary}", "code": "validation_error", "errors": errors}
+        )
+
+    @api.exception_handler(AuthenticationError)
+    def authentication_error(request: HttpRequest, error: AuthenticationError) -> HttpResponse:
+        response = _error(
+            api,
+            request,
+            401,
+            {"detail": "a valid API key is required: Authorization: Bearer <key>", "code": "unauthenticated"},
+        )
+        response["WWW-Authenticate"] = 'Bearer realm="keel"'
+        return response
+
+    @api.exception_handler(Http404)
+    def not_found(request: HttpRequest, error: Http404) -> HttpResponse:
+        return _error(api, request, 404, {"detail": "not found", "code": "not_found"})
+
+    @api.exception_handler(HttpError)
+    def http_error(request: HttpRequest, error: HttpError) -> HttpResponse:
+        code = {400: "bad_request", 405: "method_not_allowed", 413: "payload_too_large"}.get(
+            error.status_code, "error"
+        )
+        return _error(api, request, error.status_code, {"detail": str(error), "code": code})
+
+    @api.exception_handler(Exception)
+    def unexpected_error(request: HttpRequest, error: Exception) -> HttpResponse:
+        logger.exception("config.api_unexpected_error", extra={"path": request.path})
+        return _error(api, request, 500, {"detail": "internal error", "code": "internal_error"})
+
+
+api = NinjaAPI(
+    title="Keel API",
+    version="1",
+    description="Agents and their requirements, prompts, keys. Authenticate with `Authorization: Bearer <key>`.",
+    urls_namespace="api",
+)
+api.add_router("/", registry_router)
+_install_error_handlers(api)
+
+langfuse_api = NinjaAPI(
+    title="Keel: Langfuse-compatible API",
+    version="1",
+    description="The subset of Langfuse's public API that its SDKs call, served from Keel's data.",
+    urls_namespace="langfuse",
+    docs_url=None,
+)
+langfuse_api.add_router("/", langfuse_router)
+_install_error_handlers(langfuse_api)

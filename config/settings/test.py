@@ -1,0 +1,17 @@
+"""Tests: the real PostgreSQL (embedded pgvector server unless DATABASE_URL), fast hashing, no network."""
+
+from config.settings.base import *
+from config.settings.env import env_str
+
+DEBUG = False
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+
+# Several test runs may share one embedded server (helpers, CI); each names its own database.
+DATABASES["default"]["TEST"] = {"NAME": env_str("KEEL_TEST_DATABASE_NAME", "test_keel")}
+ALLOWED_HOSTS = ["testserver", "localhost", "127.0.0.1"]
+# Static files come from the finders in tests (live_server serves them); no collectstatic needed.
+MIDDLEWARE = [entry for entry in MIDDLEWARE if entry != "whitenoise.middleware.WhiteNoiseMiddleware"]

@@ -1,0 +1,56 @@
+"""Fixtures shared by every test package."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Playwright's sync API runs an event loop in the test thread; Django's ORM must still be callable.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+CHROMIUM_PATH = os.environ.get("KEEL_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+    "--disable-quic",
+]
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args):
+    """Debian's Chromium; Playwright cannot download its own browser here."""
+    return {**browser_type_launch_args, "executable_path": CHROMIUM_PATH, "args": CHROMIUM_ARGS}
+
+
+@pytest.fixture
+def workspace(db):
+    from agent_registry.tests.factories import WorkspaceFactory
+
+    return WorkspaceFactory(slug="acme", name="Acme")
+
+
+@pytest.fixture
+def other_workspace(db):
+    from agent_registry.tests.factories import WorkspaceFactory
+
+    return WorkspaceFactory(slug="globex", name="Globex")
+
+
+@pytest.fixture
+def api_client_for():
+    """A Django test client that sends `Authorization: Bearer <key>` for a new key of the workspace."""
+    from django.test import Client
+
+    from agent_registry import services
+
+    def make(workspace, scopes=("read", "write"), agents=()):
+        _, raw_key = services.apikey_create(workspace=workspace, name="test key", scopes=list(scopes), agents=agents)
+        return Client(headers={"Authorization": f"Bearer {raw_key}"})
+
+    return make
