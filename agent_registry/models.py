@@ -61,42 +61,6 @@ class Scope(models.TextChoices):
     WRITE = "write", "Write"
 
 
-class ApiKey(models.Model):
-    """A workspace's key for the API. Only a SHA-256 of the key is stored; the key is shown once.
-
-    Keys are long random strings, so a fast hash is safe here and keeps authentication cheap on
-    the ingest path. `prefix` is the public part, used to find the row and to recognise a key.
-    """
-
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="api_keys")
-    name = models.CharField(max_length=200)
-    prefix = models.CharField(max_length=32, unique=True)
-    key_hash = models.CharField(max_length=64)
-    scopes = ArrayField(models.CharField(max_length=16, choices=Scope.choices), default=list)
-    # No agents: the key works for every agent of the workspace.
-    agents = models.ManyToManyField("Agent", blank=True, related_name="api_keys")
-    created_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    created_at = models.DateTimeField(db_default=Now())
-    last_used_at = models.DateTimeField(null=True, blank=True)
-    expires_at = models.DateTimeField(null=True, blank=True)
-    revoked_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        constraints: ClassVar = [
-            models.CheckConstraint(
-                condition=Q(scopes__contained_by=Scope.values) & ~Q(scopes=[]),
-                name="api_key_scopes_valid",
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.name} ({self.prefix}…)"
-
-    @property
-    def is_revoked(self) -> bool:
-        return self.revoked_at is not None
-
-
 class AgentStatus(models.TextChoices):
     DRAFT = "draft", "Draft"
     ACTIVE = "active", "Active"
@@ -127,6 +91,42 @@ class Agent(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class ApiKey(models.Model):
+    """A workspace's key for the API. Only a SHA-256 of the key is stored; the key is shown once.
+
+    Keys are long random strings, so a fast hash is safe here and keeps authentication cheap on
+    the ingest path. `prefix` is the public part, used to find the row and to recognise a key.
+    """
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=200)
+    prefix = models.CharField(max_length=32, unique=True)
+    key_hash = models.CharField(max_length=64)
+    scopes = ArrayField(models.CharField(max_length=16, choices=Scope.choices), default=list)
+    # No agents: the key works for every agent of the workspace.
+    agents = models.ManyToManyField(Agent, blank=True, related_name="api_keys")
+    created_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(db_default=Now())
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints: ClassVar = [
+            models.CheckConstraint(
+                condition=Q(scopes__contained_by=Scope.values) & ~Q(scopes=[]),
+                name="api_key_scopes_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def is_revoked(self) -> bool:
+        return self.revoked_at is not None
 
 
 class RequirementsVersion(models.Model):
@@ -229,9 +229,7 @@ class PromptLabelMove(models.Model):
 
     prompt = models.ForeignKey(Prompt, on_delete=models.CASCADE, related_name="label_moves")
     label = models.CharField(max_length=64)
-    from_version = models.ForeignKey(
-        PromptVersion, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
-    )
+    from_version = models.ForeignKey(PromptVersion, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
     to_version = models.ForeignKey(PromptVersion, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
     moved_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     moved_via_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")

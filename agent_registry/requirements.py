@@ -13,12 +13,12 @@ the latency classes), the number is a named constant below.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from decimal import Decimal
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 # --- Vocabulary -------------------------------------------------------------------------------
 
@@ -179,6 +179,9 @@ class Action(Strict):
     description: ShortText = ""
     mode: ActionMode
     stakes: Stakes
+    # Whether the action changes the world (a refund, a write); reads such as a lookup do not, and
+    # an advisory agent may run them on its own.
+    side_effects: bool = False
     requires_approval: bool = False
     # Executes on its own up to this amount; above it, a human approves (e.g. refunds under $20).
     autonomy_limit_usd: Money | None = None
@@ -211,11 +214,15 @@ class IOGap(Strict):
     atomic_operations: list[AtomicOperation] = Field(min_length=1)
     notes: Text = ""
 
-    @model_validator(mode="after")
-    def _p95_not_below_median(self) -> IOGap:
-        if self.steps_p95 < self.steps_median:
+    # A field validator, not a model one, so the error names io_gap.steps_p95; steps_median is
+    # declared (and validated) first, so it is in info.data unless it was itself invalid.
+    @field_validator("steps_p95")
+    @classmethod
+    def _p95_not_below_median(cls, steps_p95: int, info: ValidationInfo) -> int:
+        median = info.data.get("steps_median")
+        if median is not None and steps_p95 < median:
             raise ValueError("steps_p95 must be at least steps_median")
-        return self
+        return steps_p95
 
 
 # --- 3. Constraint feasibility ----------------------------------------------------------------
@@ -405,7 +412,7 @@ class Finding(BaseModel):
     fields: tuple[str, ...]
 
 
-def _closable_steps(tiers: list[Tier]) -> int | None:
+def _closable_steps(tiers: Sequence[Tier]) -> int | None:
     """Most information-acquisition steps the enabled tiers can close (None: unbounded)."""
     limits = [TIER_MAX_STEPS[tier] for tier in tiers]
     if any(limit is None for limit in limits):
@@ -421,7 +428,12 @@ def _tier_cost_floor(requirements: Requirements, tier: Tier) -> Decimal | None:
 
 
 def _executing_actions(requirements: Requirements) -> list[Action]:
-    return [action for action in requirements.error_surface.actions if action.mode is ActionMode.EXECUTE]
+    """Actions the agent carries out on its own that change something: the authority it holds."""
+    return [
+        action
+        for action in requirements.error_surface.actions
+        if action.mode is ActionMode.EXECUTE and action.side_effects
+    ]
 
 
 def _feasibility_findings(requirements: Requirements) -> Iterator[Finding]:
@@ -479,16 +491,19 @@ def _feasibility_findings(requirements: Requirements) -> Iterator[Finding]:
         )
 
     executing = _executing_actions(requirements)
-    if surface.decision_authority is not DecisionAuthority.ADVISORY and executing:
-        if not requirements.evaluation.trajectory_metrics:
-            yield Finding(
-                code="autonomous_actions_without_trajectory_audit",
-                severity=Severity.ERROR,
-                message="The agent executes actions on its own, but the evaluation commitment has no "
-                "trajectory metric: nobody would see whether it followed policy on each action. Commit "
-                "to trajectory metrics such as policy compliance and escalation accuracy.",
-                fields=("error_surface.actions", "evaluation.trajectory_metrics"),
-            )
+    if (
+        surface.decision_authority is not DecisionAuthority.ADVISORY
+        and executing
+        and not requirements.evaluation.trajectory_metrics
+    ):
+        yield Finding(
+            code="autonomous_actions_without_trajectory_audit",
+            severity=Severity.ERROR,
+            message="The agent executes actions on its own, but the evaluation commitment has no "
+            "trajectory metric: nobody would see whether it followed policy on each action. Commit "
+            "to trajectory metrics such as policy compliance and escalation accuracy.",
+            fields=("error_surface.actions", "evaluation.trajectory_metrics"),
+        )
     if surface.decision_authority is DecisionAuthority.ADVISORY and executing:
         yield Finding(
             code="advisory_agent_executes_actions",
@@ -654,7 +669,6 @@ def _agentic_step_limit(requirements: Requirements) -> int:
 def derived_configuration(requirements: Requirements) -> DerivedConfiguration:
     """What the answers configure elsewhere; each value names the fields it was derived from."""
     errors = {f.code for f in feasibility_check(requirements) if f.severity is Severity.ERROR}
-    latency = requirements.constraints.latency
     cost = requirements.constraints.cost
     surface = requirements.error_surface
     evaluation = requirements.evaluation
@@ -677,9 +691,7 @@ def derived_configuration(requirements: Requirements) -> DerivedConfiguration:
                 tier=tier,
                 time_budget_ms=_tier_time_budget(requirements, tier),
                 cost_budget_usd=cost_budget,
-                max_steps=_agentic_step_limit(requirements)
-                if tier is Tier.AGENTIC
-                else TIER_MAX_STEPS.get(tier),
+                max_steps=_agentic_step_limit(requirements) if tier is Tier.AGENTIC else TIER_MAX_STEPS.get(tier),
             ).model_dump(mode="json")
         )
 
@@ -689,30 +701,40 @@ def derived_configuration(requirements: Requirements) -> DerivedConfiguration:
 
     approval_rules = []
     for action in surface.actions:
-        if action.mode is not ActionMode.EXECUTE:
+        if action.mode is not ActionMode.EXECUTE or not action.side_effects:
             continue
         if action.requires_approval or action.stakes is Stakes.HIGH:
             approval_rules.append({"action": action.name, "approval": "always"})
         elif action.autonomy_limit_usd is not None:
             approval_rules.append(
-                {"action": action.name, "approval": "above_amount", "amount_usd": str(action.autonomy_limit_usd)}
+                {
+                    "action": action.name,
+                    "approval": "above_amount",
+                    "amount_usd": str(action.autonomy_limit_usd),
+                }
             )
         else:
             approval_rules.append({"action": action.name, "approval": "never"})
 
     guardrails: list[dict[str, str]] = [
-        {"check": "system_prompt_leakage", "layer": "output", "why": "every agent has a system prompt to protect"},
+        {
+            "check": "system_prompt_leakage",
+            "layer": "output",
+            "why": "every agent has a system prompt to protect",
+        },
     ]
     if surface.actions:
         guardrails.append(
-            {"check": "prompt_injection", "layer": "input", "why": "the agent has tools an injection could steer"}
+            {
+                "check": "prompt_injection",
+                "layer": "input",
+                "why": "the agent has tools an injection could steer",
+            }
         )
         guardrails.append(
             {"check": "indirect_injection", "layer": "tool", "why": "tool results enter the model's context"}
         )
-        guardrails.append(
-            {"check": "action_boundary", "layer": "tool", "why": "only the listed actions may be called"}
-        )
+        guardrails.append({"check": "action_boundary", "layer": "tool", "why": "only the listed actions may be called"})
     pii = requirements.constraints.privacy.pii_handling
     if pii in (PiiHandling.REDACT_BEFORE_MODEL, PiiHandling.PSEUDONYMIZE):
         guardrails.append({"check": "pii", "layer": "input", "why": f"privacy says {pii.value.replace('_', ' ')}"})
@@ -742,7 +764,12 @@ def derived_configuration(requirements: Requirements) -> DerivedConfiguration:
         )
     if Tier.HUMAN in allowed or len(allowed) > 1:
         suites.append(
-            {"name": "router-accuracy", "schedule": "weekly", "metrics": ["routing_accuracy"], "kind": "offline"}
+            {
+                "name": "router-accuracy",
+                "schedule": "weekly",
+                "metrics": ["routing_accuracy"],
+                "kind": "offline",
+            }
         )
 
     sampling = {
@@ -755,7 +782,10 @@ def derived_configuration(requirements: Requirements) -> DerivedConfiguration:
     router_value = {
         "mode": routing.mode.value,
         "tiers": [tier.value for tier in allowed],
-        "default_tier": routing.default_tier.value if routing.default_tier in allowed else allowed[0].value,
+        # The latency wall can rule out every enabled tier (only agentic, inline): then there is no default.
+        "default_tier": routing.default_tier.value
+        if routing.default_tier in allowed
+        else (allowed[0].value if allowed else None),
         "signal": routing.signal.value,
         "escalation_rules": [rule.model_dump(mode="json") for rule in routing.escalation_rules],
     }
@@ -797,8 +827,8 @@ def derived_configuration(requirements: Requirements) -> DerivedConfiguration:
         approval_rules=Derived(
             value=approval_rules,
             sources=("error_surface.actions",),
-            explanation="Executing actions that are high-stakes or marked for approval always wait for a "
-            "human; actions with an autonomy limit wait above it.",
+            explanation="Actions with side effects that are high-stakes or marked for approval always wait "
+            "for a human; those with an autonomy limit wait above it; reads never wait.",
         ),
         tool_allow_list=Derived(
             value=[action.name for action in surface.actions],
@@ -807,7 +837,11 @@ def derived_configuration(requirements: Requirements) -> DerivedConfiguration:
         ),
         mandatory_guardrails=Derived(
             value=guardrails,
-            sources=("error_surface.actions", "constraints.privacy.pii_handling", "error_surface.decision_authority"),
+            sources=(
+                "error_surface.actions",
+                "constraints.privacy.pii_handling",
+                "error_surface.decision_authority",
+            ),
             explanation="Checks the agent may not switch off, given its tools, privacy and authority.",
         ),
         eval_suites=Derived(

@@ -39,10 +39,15 @@ def _install_error_handlers(api: NinjaAPI) -> None:
 
     @api.exception_handler(NinjaValidationError)
     def validation_error(request: HttpRequest, error: NinjaValidationError) -> HttpResponse:
-        errors = [{"field": _field(item.get("loc", ())), "message": item.get("msg", "invalid")} for item in error.errors]
+        errors = [
+            {"field": _field(item.get("loc", ())), "message": item.get("msg", "invalid")} for item in error.errors
+        ]
         summary = "; ".join(f"{item['field']}: {item['message']}" for item in errors[:5])
         return _error(
-            api, request, 422, {"detail": f"invalid request: {summary}", "code": "validation_error", "errors": errors}
+            api,
+            request,
+            422,
+            {"detail": f"invalid request: {summary}", "code": "validation_error", "errors": errors},
         )
 
     @api.exception_handler(DjangoValidationError)
@@ -57,7 +62,10 @@ def _install_error_handlers(api: NinjaAPI) -> None:
             errors = [{"field": "body", "message": message} for message in error.messages]
         summary = "; ".join(f"{item['field']}: {item['message']}" for item in errors[:5])
         return _error(
-            api, request, 422, {"detail": f"invalid request: {summary}", "code": "validation_error", "errors": errors}
+            api,
+            request,
+            422,
+            {"detail": f"invalid request: {summary}", "code": "validation_error", "errors": errors},
         )
 
     @api.exception_handler(AuthenticationError)
@@ -77,9 +85,7 @@ def _install_error_handlers(api: NinjaAPI) -> None:
 
     @api.exception_handler(HttpError)
     def http_error(request: HttpRequest, error: HttpError) -> HttpResponse:
-        code = {400: "bad_request", 405: "method_not_allowed", 413: "payload_too_large"}.get(
-            error.status_code, "error"
-        )
+        code = {400: "bad_request", 405: "method_not_allowed", 413: "payload_too_large"}.get(error.status_code, "error")
         return _error(api, request, error.status_code, {"detail": str(error), "code": code})
 
     @api.exception_handler(Exception)

@@ -9,6 +9,7 @@ This module imports nothing from Django: settings call it while they are being b
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from dataclasses import dataclass
@@ -52,10 +53,9 @@ def database_ensure(server: EmbeddedServer, dbname: str) -> None:
     with psycopg.connect(**server.connection_kwargs("postgres"), autocommit=True) as connection:  # type: ignore[arg-type]
         exists = connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", [dbname]).fetchone()
         if not exists:
-            try:
+            # Another process may create it between our check and our CREATE.
+            with contextlib.suppress(psycopg.errors.DuplicateDatabase):
                 connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
-            except psycopg.errors.DuplicateDatabase:
-                pass  # another process created it between our check and our CREATE
 
 
 def server_stop(data_dir: Path) -> bool:

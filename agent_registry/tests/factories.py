@@ -4,52 +4,53 @@ change one field at a time."""
 from __future__ import annotations
 
 import copy
+from collections import abc
 from typing import Any
 
-import factory
+from factory.declarations import LazyAttribute, Sequence, SubFactory
+from factory.django import DjangoModelFactory, Password
 
 from agent_registry import services
-from agent_registry.models import Agent, Membership, Role, User, Workspace
-
+from agent_registry.models import Agent, Membership, Prompt, Role, User, Workspace
 
 PASSWORD = "correct horse battery staple"
 
 
-class UserFactory(factory.django.DjangoModelFactory):
+class UserFactory(DjangoModelFactory[User]):
     class Meta:
         model = User
         django_get_or_create = ("username",)
 
-    username = factory.Sequence(lambda n: f"user{n}")
-    email = factory.LazyAttribute(lambda user: f"{user.username}@example.com")
-    password = factory.django.Password(PASSWORD)
+    username = Sequence(lambda n: f"user{n}")
+    email = LazyAttribute(lambda user: f"{user.username}@example.com")
+    password = Password(PASSWORD)
 
 
-class WorkspaceFactory(factory.django.DjangoModelFactory):
+class WorkspaceFactory(DjangoModelFactory[Workspace]):
     class Meta:
         model = Workspace
         django_get_or_create = ("slug",)
 
-    slug = factory.Sequence(lambda n: f"workspace-{n}")
-    name = factory.LazyAttribute(lambda workspace: workspace.slug.replace("-", " ").title())
+    slug = Sequence(lambda n: f"workspace-{n}")
+    name = LazyAttribute(lambda workspace: workspace.slug.replace("-", " ").title())
 
 
-class MembershipFactory(factory.django.DjangoModelFactory):
+class MembershipFactory(DjangoModelFactory[Membership]):
     class Meta:
         model = Membership
 
-    workspace = factory.SubFactory(WorkspaceFactory)
-    user = factory.SubFactory(UserFactory)
+    workspace = SubFactory(WorkspaceFactory)
+    user = SubFactory(UserFactory)
     role = Role.MEMBER
 
 
-class AgentFactory(factory.django.DjangoModelFactory):
+class AgentFactory(DjangoModelFactory[Agent]):
     class Meta:
         model = Agent
 
-    workspace = factory.SubFactory(WorkspaceFactory)
-    slug = factory.Sequence(lambda n: f"agent-{n}")
-    name = factory.LazyAttribute(lambda agent: agent.slug.replace("-", " ").title())
+    workspace = SubFactory(WorkspaceFactory)
+    slug = Sequence(lambda n: f"agent-{n}")
+    name = LazyAttribute(lambda agent: agent.slug.replace("-", " ").title())
     description = "An agent made by a test."
 
 
@@ -60,7 +61,13 @@ _ANSWERS: dict[str, Any] = {
         "recoverability": "days",
         "actions": [
             {"name": "lookup_trip", "mode": "execute", "stakes": "low"},
-            {"name": "issue_refund", "mode": "execute", "stakes": "moderate", "autonomy_limit_usd": "20"},
+            {
+                "name": "issue_refund",
+                "mode": "execute",
+                "stakes": "moderate",
+                "side_effects": True,
+                "autonomy_limit_usd": "20",
+            },
         ],
     },
     "io_gap": {
@@ -109,6 +116,28 @@ def requirements_answers(**changes: Any) -> dict[str, Any]:
 
 
 def agent_with_requirements(**kwargs: Any) -> Agent:
-    agent = AgentFactory(**kwargs)
+    agent = AgentFactory.create(**kwargs)
     services.requirements_version_create(agent=agent, answers=requirements_answers(), message="initial")
     return agent
+
+
+def prompt_with_versions(
+    *,
+    agent: Agent,
+    name: str = "greeting",
+    templates: abc.Sequence[Any] = ("Hello {{name}}!",),
+    type: str = "text",
+    labels: abc.Mapping[int, abc.Sequence[str]] | None = None,
+    config: abc.Mapping[str, Any] | None = None,
+) -> Prompt:
+    """A prompt of `agent` with one version per template (v1, v2, ...), published through the services;
+    `labels` maps a version number to the labels it gets, e.g. `{1: ["production"], 2: ["staging"]}`."""
+    labels = labels or {}
+    first, *rest = templates
+    version = services.prompt_create(
+        agent=agent, name=name, type=type, template=first, config=config, labels=labels.get(1, ())
+    )
+    prompt = version.prompt
+    for number, template in enumerate(rest, start=2):
+        services.prompt_version_create(prompt=prompt, template=template, config=config, labels=labels.get(number, ()))
+    return prompt

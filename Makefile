@@ -1,0 +1,55 @@
+# Keel: `make run` starts everything on embedded defaults; `make test` runs every check CI runs.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: run test install lint typecheck imports migrations-check pytest bench browser-deps clean
+
+run: install
+	$(PY) -m config.run
+
+test: install browser-deps lint typecheck imports migrations-check pytest
+
+install: $(VENV)/.installed frontend/node_modules/.installed
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	touch $@
+
+frontend/node_modules/.installed: frontend/package.json frontend/package-lock.json
+	cd frontend && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+# Browser tests drive Debian's Chromium (Playwright cannot download its own browser here).
+browser-deps:
+	@command -v chromium >/dev/null || { \
+		if [ "$$(id -u)" = 0 ]; then apt-get install -y -qq chromium >/dev/null; \
+		else echo "Install Chromium first: sudo apt-get install chromium" >&2; exit 1; fi; }
+
+lint:
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+typecheck:
+	$(BIN)/mypy .
+
+imports:
+	$(BIN)/lint-imports
+
+migrations-check:
+	DJANGO_SETTINGS_MODULE=config.settings.test $(PY) manage.py makemigrations --check --dry-run
+
+# pytest exits 5 when it collects nothing; that is not a failure of the suite.
+pytest:
+	$(BIN)/pytest $(PYTEST_ARGS); code=$$?; if [ $$code -eq 5 ]; then exit 0; else exit $$code; fi
+
+bench: install
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) frontend/node_modules var .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,189 @@
+"""`make run`: prepare the database and start web, Celery worker and beat; Ctrl-C stops them all.
+
+    python -m config.run [--host 127.0.0.1] [--port 8000] [--no-seed]
+
+Steps: start (or attach to) the embedded PostgreSQL unless DATABASE_URL is set, migrate, collect
+static files, seed the demo workspace, then supervise three processes. Each child runs in its own
+process group so that Ctrl-C reaches only this supervisor, which stops the web server first (no new
+work), then beat, then the worker (a warm shutdown finishes the task in hand), then the embedded
+database. If any child exits on its own, everything stops and the exit code says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+BASE_DIR = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    process: subprocess.Popen[bytes] | None = field(default=None)
+
+
+def _say(message: str) -> None:
+    print(f"keel | {message}", flush=True)
+
+
+def _manage(*args: str) -> None:
+    subprocess.run([sys.executable, str(BASE_DIR / "manage.py"), *args], check=True, cwd=BASE_DIR)
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _wait_for_port(host: str, port: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
+def _children(host: str, port: int) -> list[Child]:
+    workers = os.environ.get("KEEL_WEB_WORKERS", "2")
+    threads = os.environ.get("KEEL_WEB_THREADS", "4")
+    concurrency = os.environ.get("KEEL_WORKER_CONCURRENCY", "2")
+    return [
+        Child(
+            "web",
+            [
+                str(BIN / "gunicorn"),
+                "config.wsgi:application",
+                "--bind",
+                f"{host}:{port}",
+                "--workers",
+                workers,
+                "--threads",
+                threads,
+                "--access-logfile",
+                "-",
+                "--graceful-timeout",
+                "10",
+            ],
+        ),
+        Child("worker", [str(BIN / "celery"), "-A", "config", "worker", "-l", "info", "-c", concurrency]),
+        Child("beat", [str(BIN / "celery"), "-A", "config", "beat", "-l", "info"]),
+    ]
+
+
+def _stop(children: list[Child], timeout: float = 20.0) -> None:
+    for child in children:  # web first: no new work; the worker last, finishing its task
+        if child.process is not None and child.process.poll() is None:
+            _say(f"stopping {child.name}")
+            child.process.send_signal(signal.SIGTERM)
+            try:
+                child.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _say(f"{child.name} did not stop in {timeout:.0f} s; killing it")
+                child.process.kill()
+                child.process.wait()
+
+
+def _embedded_database_stop() -> None:
+    from django.conf import settings
+
+    from config import embedded_postgres
+
+    if settings.DATABASE_EMBEDDED and embedded_postgres.server_stop(settings.EMBEDDED_DATA_DIR):
+        _say("stopped the embedded PostgreSQL")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--host", default=os.environ.get("KEEL_HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("KEEL_PORT", "8000")))
+    parser.add_argument("--no-seed", action="store_true", help="do not create the demo workspace")
+    options = parser.parse_args(argv)
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+    os.environ.setdefault("KEEL_PUBLIC_URL", f"http://{options.host}:{options.port}")
+    import django
+
+    django.setup()
+    from django.conf import settings
+
+    if not _port_free(options.host, options.port):
+        _say(f"port {options.port} on {options.host} is taken; stop what runs there or pass --port / KEEL_PORT")
+        return 2
+
+    started = time.monotonic()
+    _say(
+        "database: "
+        + (
+            "embedded PostgreSQL in " + str(settings.EMBEDDED_DATA_DIR)
+            if settings.DATABASE_EMBEDDED
+            else "DATABASE_URL"
+        )
+    )
+    _manage("migrate", "--no-input", "-v", "0")
+    _manage("collectstatic", "--no-input", "-v", "0")
+    if not options.no_seed:
+        _manage("seed_demo")
+    _say(f"prepared in {time.monotonic() - started:.1f} s")
+
+    children = _children(options.host, options.port)
+    stopping = False
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+
+    exit_code = 0
+    try:
+        for child in children:
+            child.process = subprocess.Popen(child.argv, cwd=BASE_DIR, start_new_session=True)
+        if _wait_for_port(options.host, options.port, timeout=30):
+            from agent_registry import demo
+
+            url = f"http://{options.host}:{options.port}/"
+            _say("")
+            _say(f"Keel is running at {url}")
+            if not options.no_seed:
+                _say(f"log in as {demo.DEMO_USERNAME} / {demo.DEMO_PASSWORD}")
+            _say(f"API docs at {url}api/v1/docs · admin at {url}admin/ · Ctrl-C stops everything")
+            _say("")
+        while not stopping:
+            for child in children:
+                assert child.process is not None
+                code = child.process.poll()
+                if code is not None:
+                    _say(f"{child.name} exited with code {code}; stopping the others")
+                    exit_code = code or 1
+                    stopping = True
+                    break
+            time.sleep(0.3)
+    finally:
+        _stop(children)
+        _embedded_database_stop()
+    _say("stopped")
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
