@@ -3,6 +3,7 @@ Keel key). Each operation names the scope it needs; a key without it gets 403, a
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 from django.http import HttpRequest
@@ -40,6 +41,21 @@ class ApiKeyBasic(HttpBasicAuth):
 
     def authenticate(self, request: HttpRequest, username: str, password: str) -> ApiKey | None:
         return _key_with_scope(password, self.scope)
+
+
+def api_key_from_headers(request: HttpRequest, scope: Scope) -> ApiKey | None:
+    """The key in `Authorization: Bearer <key>` or Basic (Langfuse clients), for views outside ninja."""
+    header = request.headers.get("Authorization", "")
+    kind, _, value = header.partition(" ")
+    if kind.lower() == "bearer" and value:
+        return _key_with_scope(value, scope)
+    if kind.lower() == "basic" and value:
+        try:
+            _, _, secret = base64.b64decode(value, validate=True).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return _key_with_scope(secret, scope) if secret else None
+    return None
 
 
 def key_auth(scope: Scope) -> list[Any]:

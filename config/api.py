@@ -16,6 +16,7 @@ from ninja.errors import ValidationError as NinjaValidationError
 from agent_registry.api import langfuse_router
 from agent_registry.api import router as registry_router
 from config.errors import KeelError
+from tracing.api import router as tracing_router
 
 logger = logging.getLogger("config.api")
 
@@ -35,7 +36,10 @@ def _field(location: tuple[Any, ...] | list[Any]) -> str:
 def _install_error_handlers(api: NinjaAPI) -> None:
     @api.exception_handler(KeelError)
     def keel_error(request: HttpRequest, error: KeelError) -> HttpResponse:
-        return _error(api, request, error.status, error.body())
+        response = _error(api, request, error.status, error.body())
+        if "retry_after" in error.extra:
+            response["Retry-After"] = str(error.extra["retry_after"])
+        return response
 
     @api.exception_handler(NinjaValidationError)
     def validation_error(request: HttpRequest, error: NinjaValidationError) -> HttpResponse:
@@ -101,6 +105,7 @@ api = NinjaAPI(
     urls_namespace="api",
 )
 api.add_router("/", registry_router)
+api.add_router("/", tracing_router)
 _install_error_handlers(api)
 
 langfuse_api = NinjaAPI(

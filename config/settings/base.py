@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from config.settings.components.celery import *
 from config.settings.components.database import *
+from config.settings.components.tracing import *
 from config.settings.env import env_bool, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parents[2]
+
+# litellm fetches its price map from GitHub at import unless told to use the copy it ships.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 VAR_DIR = BASE_DIR / "var"
 
 SECRET_KEY = env_str("DJANGO_SECRET_KEY", "keel-local-development-only-not-a-secret")

@@ -1,0 +1,16 @@
+"""Tracing: ingest limits, back-pressure and the batch lease."""
+
+from config.settings.env import env_int
+
+# Largest decompressed OTLP body; a gzip bomb stops here with 413.
+KEEL_MAX_DECOMPRESSED_BYTES = env_int("KEEL_MAX_DECOMPRESSED_BYTES", 64 * 1024 * 1024)
+# Attribute values longer than this are cut (with a marker that keeps the original length).
+KEEL_MAX_ATTRIBUTE_LENGTH = env_int("KEEL_MAX_ATTRIBUTE_LENGTH", 256 * 1024)
+# Past this many spans waiting to be processed, ingest answers 503 with Retry-After instead of storing more.
+KEEL_INGEST_BACKLOG_SPANS = env_int("KEEL_INGEST_BACKLOG_SPANS", 1_000_000)
+KEEL_INGEST_RETRY_AFTER_SECONDS = env_int("KEEL_INGEST_RETRY_AFTER_SECONDS", 5)
+# A worker holds a batch this long; past it, the sweeper gives the batch to another worker.
+KEEL_INGEST_LEASE_SECONDS = env_int("KEEL_INGEST_LEASE_SECONDS", 90)
+# A pending batch this old may have lost its broker message; the sweeper sends it again.
+KEEL_INGEST_REQUEUE_AFTER_SECONDS = env_int("KEEL_INGEST_REQUEUE_AFTER_SECONDS", 60)
+KEEL_INGEST_MAX_ATTEMPTS = env_int("KEEL_INGEST_MAX_ATTEMPTS", 5)

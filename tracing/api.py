@@ -1,0 +1,361 @@
+"""Tracing's REST API: JSON trajectory ingest, the trajectory list and detail, scores, sessions, prices.
+
+OTLP ingest itself is `tracing.otlp_api.traces_ingest_api` (a plain Django view: raw bytes in).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, Literal
+
+from django.http import HttpRequest
+from ninja import Body, Field, Query, Router, Schema
+
+from agent_registry import selectors as registry_selectors
+from agent_registry.auth import key_auth, request_agent_ids, request_api_key, request_workspace
+from agent_registry.models import Scope
+from agent_registry.schemas import ErrorOut
+from tracing import selectors, services
+from tracing.exceptions import TrajectoryListInvalid
+from tracing.models import Score, Trajectory
+from tracing.steps import TrajectoryView
+
+router = Router(tags=["tracing"])
+
+READ = key_auth(Scope.READ)
+WRITE = key_auth(Scope.WRITE)
+INGEST = key_auth(Scope.INGEST)
+ERRORS: dict[int, type[Schema]] = {
+    400: ErrorOut,
+    401: ErrorOut,
+    403: ErrorOut,
+    404: ErrorOut,
+    413: ErrorOut,
+    422: ErrorOut,
+    503: ErrorOut,
+}
+
+
+class ScoreOut(Schema):
+    id: int
+    name: str
+    data_type: str
+    value: float | None
+    string_value: str
+    span_id: str
+    source: str
+    comment: str
+    created_at: datetime
+
+
+class TrajectoryOut(Schema):
+    trace_id: str
+    agent: str | None
+    name: str
+    status: str
+    started_at: datetime
+    ended_at: datetime
+    latency_ms: float
+    steps: int
+    spans: int
+    llm_calls: int
+    tool_calls: int
+    errors: int
+    tokens: dict[str, int]
+    cost: Decimal
+    session_id: str
+    user_id: str
+    tags: list[str]
+    input_preview: str
+    output_preview: str
+    scores: list[ScoreOut]
+    signals: list[dict[str, Any]]
+    replay_of: str | None
+
+
+class TrajectoryPageOut(Schema):
+    items: list[TrajectoryOut]
+    next_cursor: str | None
+
+
+class TrajectoryDetailOut(TrajectoryOut):
+    prompt_versions: list[dict[str, Any]]
+    step_details: list[dict[str, Any]]
+    conversation: list[dict[str, Any]]
+    tool_calls_detail: list[dict[str, Any]]
+    tool_definitions: list[dict[str, Any]]
+    metadata: dict[str, Any]
+    task_id: str
+    reward: float | None
+
+
+class TrajectoryListQuery(Schema):
+    agent: str | None = None
+    started_after: datetime | None = None
+    started_before: datetime | None = None
+    status: Literal["ok", "error", "running"] | None = None
+    tag: str | None = None
+    session_id: str | None = None
+    user_id: str | None = None
+    prompt: str | None = Field(None, description="prompt name, or name:version")
+    score: str | None = Field(None, description="score name, optionally with a range: name>=0.5, name<=0.2")
+    search: str | None = None
+    order: str = Field("-started_at", description="started_at, cost, latency, steps, tokens; '-' for descending")
+    limit: int = Field(50, ge=1, le=500)
+    cursor: str | None = None
+
+
+class ScoreIn(Schema):
+    name: str = Field(min_length=1, max_length=200)
+    data_type: Literal["numeric", "boolean", "categorical", "correction"] = "numeric"
+    value: float | bool | None = None
+    string_value: str = Field("", max_length=100_000)
+    span_id: str = Field("", max_length=16)
+    comment: str = Field("", max_length=10_000)
+
+
+class IngestOut(Schema):
+    accepted_spans: int
+    trace_ids: list[str]
+
+
+class SessionOut(Schema):
+    session_id: str
+    trajectory_count: int
+    started_at: datetime
+    ended_at: datetime
+    total_tokens: int
+    cost_usd: Decimal
+    error_count: int
+    user_id: str
+
+
+class SessionDetailOut(Schema):
+    session_id: str
+    trajectories: list[TrajectoryOut]
+
+
+class ModelPriceIn(Schema):
+    model: str = Field(min_length=1, max_length=300)
+    input_usd_per_million: Decimal = Field(ge=0, max_digits=12, decimal_places=6)
+    output_usd_per_million: Decimal = Field(ge=0, max_digits=12, decimal_places=6)
+    cache_read_usd_per_million: Decimal | None = Field(None, ge=0, max_digits=12, decimal_places=6)
+
+
+class ModelPriceOut(Schema):
+    model: str
+    input_usd_per_million: Decimal
+    output_usd_per_million: Decimal
+    cache_read_usd_per_million: Decimal | None
+
+
+def _score_out(score: Score) -> dict[str, Any]:
+    return {
+        "id": score.pk,
+        "name": score.name,
+        "data_type": score.data_type,
+        "value": score.value,
+        "string_value": score.string_value,
+        "span_id": score.span_id,
+        "source": score.source,
+        "comment": score.comment,
+        "created_at": score.created_at,
+    }
+
+
+def _trajectory_out(trajectory: Trajectory) -> dict[str, Any]:
+    return {
+        "trace_id": trajectory.trace_id,
+        "agent": trajectory.agent.slug if trajectory.agent else None,
+        "name": trajectory.name,
+        "status": trajectory.status,
+        "started_at": trajectory.started_at,
+        "ended_at": trajectory.ended_at,
+        "latency_ms": trajectory.latency_ms,
+        "steps": trajectory.step_count,
+        "spans": trajectory.span_count,
+        "llm_calls": trajectory.llm_call_count,
+        "tool_calls": trajectory.tool_call_count,
+        "errors": trajectory.error_count,
+        "tokens": {
+            "input": trajectory.input_tokens,
+            "output": trajectory.output_tokens,
+            "total": trajectory.total_tokens,
+        },
+        "cost": trajectory.cost_usd,
+        "session_id": trajectory.session_id,
+        "user_id": trajectory.user_id,
+        "tags": trajectory.tags,
+        "input_preview": trajectory.input_preview,
+        "output_preview": trajectory.output_preview,
+        "scores": [_score_out(score) for score in trajectory.scores.all()],
+        "signals": [],
+        "replay_of": trajectory.replay_of.trace_id if trajectory.replay_of else None,
+    }
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {field.name: _plain(getattr(value, field.name)) for field in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    return value
+
+
+def _detail_out(trajectory: Trajectory, view: TrajectoryView) -> dict[str, Any]:
+    return {
+        **_trajectory_out(trajectory),
+        "prompt_versions": selectors.trajectory_prompt_versions(trajectory=trajectory),
+        "step_details": [_plain(step) for step in view.steps],
+        "conversation": _plain(view.conversation),
+        "tool_calls_detail": [_plain(call) for call in view.tool_calls],
+        "tool_definitions": _plain(view.tool_definitions),
+        "metadata": trajectory.metadata,
+        "task_id": trajectory.task_id,
+        "reward": trajectory.reward,
+    }
+
+
+def _score_filter(raw: str | None) -> tuple[str | None, float | None, float | None]:
+    if not raw:
+        return None, None, None
+    for operator in (">=", "<="):
+        if operator in raw:
+            name, _, number = raw.partition(operator)
+            try:
+                bound = float(number)
+            except ValueError:
+                raise TrajectoryListInvalid(f"score filter {raw!r}: {number!r} is not a number") from None
+            return (name.strip(), bound, None) if operator == ">=" else (name.strip(), None, bound)
+    return raw.strip(), None, None
+
+
+@router.post("/ingest/trajectories", auth=INGEST, response={202: IngestOut, **ERRORS})
+def trajectories_ingest_api(request: HttpRequest, payload: dict[str, Any] | list[Any] = Body(...)) -> Any:
+    """Plain JSON ingest: one trajectory (OpenAI-style messages with tool calls and results), a list, or
+    `{"trajectories": [...]}`; stored before the answer, processed by a worker within seconds."""
+    accepted, trace_ids = services.ingest_trajectories_accept(api_key=request_api_key(request), payload=payload)
+    return 202, {"accepted_spans": accepted.accepted_spans, "trace_ids": trace_ids}
+
+
+@router.get("/trajectories", auth=READ, response={200: TrajectoryPageOut, **ERRORS})
+def trajectory_list_api(request: HttpRequest, query: Query[TrajectoryListQuery]) -> Any:
+    workspace = request_workspace(request)
+    agent_ids = request_agent_ids(request)
+    agent_id = None
+    if query.agent:
+        agent_id = registry_selectors.agent_get(workspace=workspace, slug=query.agent, agent_ids=agent_ids).pk
+    prompt_name, prompt_version = None, None
+    if query.prompt:
+        name, _, version = query.prompt.rpartition(":") if ":" in query.prompt else (query.prompt, "", "")
+        prompt_name, prompt_version = name, int(version) if version.isdigit() else None
+    score_name, score_min, score_max = _score_filter(query.score)
+    page = selectors.trajectory_list(
+        workspace=workspace,
+        agent_ids=agent_ids,
+        filters=selectors.TrajectoryFilter(
+            agent_id=agent_id,
+            started_after=query.started_after,
+            started_before=query.started_before,
+            status=query.status,
+            tag=query.tag,
+            session_id=query.session_id,
+            user_id=query.user_id,
+            prompt_name=prompt_name,
+            prompt_version=prompt_version,
+            score_name=score_name,
+            score_min=score_min,
+            score_max=score_max,
+            search=query.search,
+        ),
+        order=query.order,
+        limit=query.limit,
+        cursor=query.cursor,
+    )
+    return {"items": [_trajectory_out(t) for t in page.items], "next_cursor": page.next_cursor}
+
+
+@router.get("/trajectories/{trace_id}", auth=READ, response={200: TrajectoryDetailOut, **ERRORS})
+def trajectory_get_api(request: HttpRequest, trace_id: str) -> Any:
+    """One trajectory with all its steps (messages, LLM calls, tool calls as a tree), conversation and scores."""
+    trajectory = selectors.trajectory_get(
+        workspace=request_workspace(request), trace_id=trace_id, agent_ids=request_agent_ids(request)
+    )
+    return _detail_out(trajectory, selectors.trajectory_view(trajectory=trajectory))
+
+
+@router.get("/trajectories/{trace_id}/scores", auth=READ, response={200: list[ScoreOut], **ERRORS})
+def trajectory_score_list_api(request: HttpRequest, trace_id: str) -> Any:
+    trajectory = selectors.trajectory_get(
+        workspace=request_workspace(request), trace_id=trace_id, agent_ids=request_agent_ids(request)
+    )
+    return [_score_out(score) for score in trajectory.scores.order_by("created_at")]
+
+
+@router.post("/trajectories/{trace_id}/scores", auth=WRITE, response={201: ScoreOut, **ERRORS})
+def score_create_api(request: HttpRequest, trace_id: str, payload: ScoreIn) -> Any:
+    trajectory = selectors.trajectory_get(
+        workspace=request_workspace(request), trace_id=trace_id, agent_ids=request_agent_ids(request)
+    )
+    score = services.score_create(
+        trajectory=trajectory,
+        name=payload.name,
+        data_type=payload.data_type,
+        value=payload.value,
+        string_value=payload.string_value,
+        span_id=payload.span_id,
+        comment=payload.comment,
+        created_via_key=request_api_key(request),
+    )
+    return 201, _score_out(score)
+
+
+@router.get("/sessions", auth=READ, response={200: list[SessionOut], **ERRORS})
+def session_list_api(request: HttpRequest, limit: int = 50) -> Any:
+    sessions = selectors.session_list(
+        workspace=request_workspace(request), agent_ids=request_agent_ids(request), limit=min(max(limit, 1), 500)
+    )
+    return [dataclasses.asdict(session) for session in sessions]
+
+
+@router.get("/sessions/{session_id}", auth=READ, response={200: SessionDetailOut, **ERRORS})
+def session_get_api(request: HttpRequest, session_id: str) -> Any:
+    trajectories = selectors.session_trajectories(
+        workspace=request_workspace(request), session_id=session_id, agent_ids=request_agent_ids(request)
+    )
+    return {"session_id": session_id, "trajectories": [_trajectory_out(t) for t in trajectories]}
+
+
+@router.get("/model-prices", auth=READ, response={200: list[ModelPriceOut], **ERRORS})
+def model_price_list_api(request: HttpRequest) -> Any:
+    return [
+        {
+            "model": price.model,
+            "input_usd_per_million": price.input_usd_per_million,
+            "output_usd_per_million": price.output_usd_per_million,
+            "cache_read_usd_per_million": price.cache_read_usd_per_million,
+        }
+        for price in selectors.model_price_list(workspace=request_workspace(request))
+    ]
+
+
+@router.put("/model-prices", auth=WRITE, response={200: ModelPriceOut, **ERRORS})
+def model_price_set_api(request: HttpRequest, payload: ModelPriceIn) -> Any:
+    """Set the workspace's price for a model (USD per million tokens); it wins over litellm's price map."""
+    price = services.model_price_set(
+        workspace=request_workspace(request),
+        model=payload.model,
+        input_usd_per_million=payload.input_usd_per_million,
+        output_usd_per_million=payload.output_usd_per_million,
+        cache_read_usd_per_million=payload.cache_read_usd_per_million,
+    )
+    return {
+        "model": price.model,
+        "input_usd_per_million": price.input_usd_per_million,
+        "output_usd_per_million": price.output_usd_per_million,
+        "cache_read_usd_per_million": price.cache_read_usd_per_million,
+    }

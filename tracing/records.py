@@ -1,0 +1,177 @@
+"""A normalized span as a database row and back. Pure module, no Django.
+
+The columns that queries filter and sum on (ids, type, status, times, model, tool, tokens, cost) are
+columns; everything else of `tracing.otlp.Span` travels in one JSON document, `data`, which is cheaper
+to write than a dozen JSON columns. `span_from_record(span_record(span))` gives back the same span.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Final
+
+import orjson
+
+from tracing.otlp import Span, SpanEvent, Usage
+
+_DATA_FIELDS: Final = (
+    "session_id",
+    "user_id",
+    "agent_name",
+    "service_name",
+    "trace_name",
+    "request_model",
+    "response_model",
+    "input",
+    "output",
+    "tool_call_id",
+    "tool_arguments",
+    "tool_result",
+    "prompt_name",
+    "prompt_version",
+    "task_id",
+    "reward",
+    "metadata",
+    "error_type",
+    "error_message",
+    "resource_attributes",
+    "scope_name",
+    "scope_version",
+    "attributes",
+    "truncated_attributes",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SpanRecord:
+    """The columns of a `tracing.Span` row, and `data` as JSON text ready for COPY."""
+
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    name: str
+    kind: str
+    span_type: str
+    status: str
+    status_message: str
+    start_time_ns: int
+    end_time_ns: int
+    model: str
+    tool_name: str
+    input_tokens: int | None
+    output_tokens: int | None
+    total_tokens: int | None
+    cost_usd: Decimal | None
+    data: str
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=str)
+    return str(value)
+
+
+def json_dumps(value: Any) -> str:
+    """JSON text PostgreSQL's jsonb accepts (orjson; bytes become base64, other oddities text)."""
+    return orjson.dumps(value, default=_json_default, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+def _int_column(value: int | None) -> int | None:
+    # Token counts live in int4 columns; anything outside that range is not a real count.
+    if value is None or not -(2**31) <= value < 2**31:
+        return None
+    return value
+
+
+def span_record(span: Span, cost_usd: Decimal | None = None) -> SpanRecord:
+    data: dict[str, Any] = {name: getattr(span, name) for name in _DATA_FIELDS}
+    data["tags"] = list(span.tags)
+    data["tool_definitions"] = list(span.tool_definitions)
+    data["events"] = [{"name": e.name, "time_ns": e.time_ns, "attributes": e.attributes} for e in span.events]
+    data["usage"] = {
+        "cache_read_tokens": span.usage.cache_read_tokens,
+        "reasoning_tokens": span.usage.reasoning_tokens,
+    }
+    if cost_usd is None and span.cost_usd is not None:
+        cost_usd = Decimal(str(span.cost_usd))
+    return SpanRecord(
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        parent_span_id=span.parent_span_id or "",
+        name=span.name[:1000],
+        kind=span.kind,
+        span_type=span.span_type,
+        status=span.status,
+        status_message=span.status_message,
+        start_time_ns=span.start_time_ns,
+        end_time_ns=span.end_time_ns,
+        model=(span.model or "")[:300],
+        tool_name=(span.tool_name or "")[:300],
+        input_tokens=_int_column(span.usage.input_tokens),
+        output_tokens=_int_column(span.usage.output_tokens),
+        total_tokens=_int_column(span.usage.total_tokens),
+        cost_usd=cost_usd,
+        data=json_dumps(data),
+    )
+
+
+def span_from_record(columns: Mapping[str, Any], data: Mapping[str, Any]) -> Span:
+    """Rebuild a span from a row's columns (as named in SpanRecord) and its decoded `data`."""
+    usage = data.get("usage") or {}
+    cost = columns.get("cost_usd")
+    return Span(
+        trace_id=columns["trace_id"],
+        span_id=columns["span_id"],
+        parent_span_id=columns["parent_span_id"] or None,
+        name=columns["name"],
+        kind=columns["kind"],
+        start_time_ns=columns["start_time_ns"],
+        end_time_ns=columns["end_time_ns"],
+        status=columns["status"],
+        status_message=columns["status_message"],
+        span_type=columns["span_type"],
+        session_id=data.get("session_id"),
+        user_id=data.get("user_id"),
+        agent_name=data.get("agent_name"),
+        service_name=data.get("service_name"),
+        trace_name=data.get("trace_name"),
+        request_model=data.get("request_model"),
+        response_model=data.get("response_model"),
+        input=data.get("input"),
+        output=data.get("output"),
+        tool_name=columns["tool_name"] or None,
+        tool_call_id=data.get("tool_call_id"),
+        tool_arguments=data.get("tool_arguments"),
+        tool_result=data.get("tool_result"),
+        tool_definitions=tuple(data.get("tool_definitions") or ()),
+        usage=Usage(
+            input_tokens=columns.get("input_tokens"),
+            output_tokens=columns.get("output_tokens"),
+            total_tokens=columns.get("total_tokens"),
+            cache_read_tokens=usage.get("cache_read_tokens"),
+            reasoning_tokens=usage.get("reasoning_tokens"),
+        ),
+        cost_usd=float(cost) if cost is not None else None,
+        prompt_name=data.get("prompt_name"),
+        prompt_version=data.get("prompt_version"),
+        task_id=data.get("task_id"),
+        reward=data.get("reward"),
+        tags=tuple(data.get("tags") or ()),
+        metadata=data.get("metadata") or {},
+        error_type=data.get("error_type"),
+        error_message=data.get("error_message"),
+        events=tuple(
+            SpanEvent(name=event["name"], time_ns=event["time_ns"], attributes=event.get("attributes") or {})
+            for event in data.get("events") or ()
+        ),
+        resource_attributes=data.get("resource_attributes") or {},
+        scope_name=data.get("scope_name") or "",
+        scope_version=data.get("scope_version") or "",
+        attributes=data.get("attributes") or {},
+        truncated_attributes=data.get("truncated_attributes") or {},
+    )

@@ -1,0 +1,247 @@
+"""Reads of tracing, always scoped to a workspace (and to the agents a key may see)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+from django.db.models import Count, Max, Min, Prefetch, Q, QuerySet, Sum
+
+from agent_registry.models import Workspace
+from tracing import exceptions, otlp
+from tracing.models import ModelPriceOverride, Score, Span, Trajectory
+from tracing.records import span_from_record
+from tracing.steps import TrajectoryView, trajectory_view_build
+
+AgentIds = Collection[int] | None
+
+# order parameter → (field, descending)
+ORDERS: dict[str, tuple[str, bool]] = {
+    "-started_at": ("started_at", True),
+    "started_at": ("started_at", False),
+    "-cost": ("cost_usd", True),
+    "cost": ("cost_usd", False),
+    "-latency": ("latency_ms", True),
+    "latency": ("latency_ms", False),
+    "-steps": ("step_count", True),
+    "steps": ("step_count", False),
+    "-tokens": ("total_tokens", True),
+    "tokens": ("total_tokens", False),
+}
+
+
+@dataclass(frozen=True)
+class TrajectoryFilter:
+    agent_id: int | None = None
+    started_after: datetime | None = None
+    started_before: datetime | None = None
+    status: str | None = None
+    tag: str | None = None
+    session_id: str | None = None
+    user_id: str | None = None
+    prompt_name: str | None = None
+    prompt_version: int | None = None
+    score_name: str | None = None
+    score_min: float | None = None
+    score_max: float | None = None
+    search: str | None = None
+
+
+def _visible(workspace: Workspace, agent_ids: AgentIds) -> QuerySet[Trajectory]:
+    trajectories = Trajectory.objects.filter(workspace=workspace)
+    if agent_ids is not None:
+        trajectories = trajectories.filter(agent_id__in=agent_ids)
+    return trajectories
+
+
+def _cursor_encode(value: Any, pk: int) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps([str(value), pk])).decode().rstrip("=")
+
+
+def _cursor_decode(cursor: str) -> tuple[str, int]:
+    try:
+        value, pk = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        return str(value), int(pk)
+    except (ValueError, TypeError, binascii.Error, orjson.JSONDecodeError):
+        raise exceptions.TrajectoryListInvalid("the cursor is not one this API gave out") from None
+
+
+@dataclass(frozen=True)
+class TrajectoryPage:
+    items: list[Trajectory]
+    next_cursor: str | None
+
+
+def trajectory_list(
+    *,
+    workspace: Workspace,
+    filters: TrajectoryFilter,
+    agent_ids: AgentIds = None,
+    order: str = "-started_at",
+    limit: int = 50,
+    cursor: str | None = None,
+) -> TrajectoryPage:
+    """A page of trajectories, newest first unless `order` says otherwise; `next_cursor` continues it."""
+    if order not in ORDERS:
+        raise exceptions.TrajectoryListInvalid(f"order must be one of {', '.join(ORDERS)}")
+    field, descending = ORDERS[order]
+    found = _visible(workspace, agent_ids).select_related("agent")
+    if filters.agent_id is not None:
+        found = found.filter(agent_id=filters.agent_id)
+    if filters.started_after is not None:
+        found = found.filter(started_at__gte=filters.started_after)
+    if filters.started_before is not None:
+        found = found.filter(started_at__lt=filters.started_before)
+    if filters.status:
+        found = found.filter(status=filters.status)
+    if filters.tag:
+        found = found.filter(tags__contains=[filters.tag])
+    if filters.session_id:
+        found = found.filter(session_id=filters.session_id)
+    if filters.user_id:
+        found = found.filter(user_id=filters.user_id)
+    if filters.prompt_name:
+        versions = Q(prompt_versions__prompt__name=filters.prompt_name)
+        if filters.prompt_version is not None:
+            versions &= Q(prompt_versions__version=filters.prompt_version)
+        found = found.filter(pk__in=Trajectory.objects.filter(versions).values("pk"))
+    if filters.score_name:
+        scores = Score.objects.filter(workspace=workspace, name=filters.score_name)
+        if filters.score_min is not None:
+            scores = scores.filter(value__gte=filters.score_min)
+        if filters.score_max is not None:
+            scores = scores.filter(value__lte=filters.score_max)
+        found = found.filter(pk__in=scores.values("trajectory_id"))
+    if filters.search:
+        found = found.filter(
+            Q(name__icontains=filters.search)
+            | Q(input_preview__icontains=filters.search)
+            | Q(output_preview__icontains=filters.search)
+            | Q(trace_id=filters.search.lower())
+        )
+    if cursor:
+        value, pk = _cursor_decode(cursor)
+        after = Q(**{f"{field}__lt" if descending else f"{field}__gt": value}) | Q(
+            **{field: value, "pk__lt" if descending else "pk__gt": pk}
+        )
+        found = found.filter(after)
+    ordering = (f"-{field}", "-pk") if descending else (field, "pk")
+    items = list(
+        found.order_by(*ordering).prefetch_related(Prefetch("scores", queryset=Score.objects.order_by("created_at")))[
+            : limit + 1
+        ]
+    )
+    next_cursor = None
+    if len(items) > limit:
+        items = items[:limit]
+        last = items[-1]
+        next_cursor = _cursor_encode(getattr(last, field), last.pk)
+    return TrajectoryPage(items=items, next_cursor=next_cursor)
+
+
+def trajectory_get(*, workspace: Workspace, trace_id: str, agent_ids: AgentIds = None) -> Trajectory:
+    trajectory = (
+        _visible(workspace, agent_ids).select_related("agent", "replay_of").filter(trace_id=trace_id.lower()).first()
+    )
+    if trajectory is None:
+        raise exceptions.TrajectoryNotFound(f"no trajectory with trace id {trace_id!r}")
+    return trajectory
+
+
+_SPAN_FIELDS = (
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "name",
+    "kind",
+    "span_type",
+    "status",
+    "status_message",
+    "start_time_ns",
+    "end_time_ns",
+    "model",
+    "tool_name",
+    "input_tokens",
+    "output_tokens",
+    "total_tokens",
+    "cost_usd",
+)
+
+
+def trajectory_spans(*, trajectory: Trajectory) -> list[otlp.Span]:
+    spans = []
+    for row in Span.objects.filter(trajectory=trajectory).values(*_SPAN_FIELDS, "data"):
+        data = row.pop("data")
+        spans.append(span_from_record(row, orjson.loads(data)))
+    return spans
+
+
+def trajectory_view(*, trajectory: Trajectory) -> TrajectoryView:
+    """The trajectory's steps, conversation and totals, assembled from its stored spans."""
+    return trajectory_view_build(trajectory_spans(trajectory=trajectory), trace_id=trajectory.trace_id)
+
+
+def trajectory_prompt_versions(*, trajectory: Trajectory) -> list[dict[str, Any]]:
+    return [
+        {"prompt": name, "version": version, "id": pk}
+        for pk, name, version in trajectory.prompt_versions.values_list("pk", "prompt__name", "version")
+    ]
+
+
+@dataclass(frozen=True)
+class SessionSummary:
+    session_id: str
+    trajectory_count: int
+    started_at: datetime
+    ended_at: datetime
+    total_tokens: int
+    cost_usd: Any
+    error_count: int
+    user_id: str
+
+
+def session_list(*, workspace: Workspace, agent_ids: AgentIds = None, limit: int = 50) -> list[SessionSummary]:
+    rows = (
+        _visible(workspace, agent_ids)
+        .exclude(session_id="")
+        .values("session_id")
+        .annotate(
+            trajectory_count=Count("pk"),
+            first=Min("started_at"),
+            last=Max("ended_at"),
+            tokens=Sum("total_tokens"),
+            cost=Sum("cost_usd"),
+            errors=Sum("error_count"),
+            user=Max("user_id"),
+        )
+        .order_by("-last")[:limit]
+    )
+    return [
+        SessionSummary(
+            session_id=row["session_id"],
+            trajectory_count=row["trajectory_count"],
+            started_at=row["first"],
+            ended_at=row["last"],
+            total_tokens=row["tokens"] or 0,
+            cost_usd=row["cost"] or 0,
+            error_count=row["errors"] or 0,
+            user_id=row["user"] or "",
+        )
+        for row in rows
+    ]
+
+
+def session_trajectories(*, workspace: Workspace, session_id: str, agent_ids: AgentIds = None) -> QuerySet[Trajectory]:
+    found = _visible(workspace, agent_ids).filter(session_id=session_id).select_related("agent").order_by("started_at")
+    if not found.exists():
+        raise exceptions.SessionNotFound(f"no session {session_id!r}")
+    return found
+
+
+def model_price_list(*, workspace: Workspace) -> QuerySet[ModelPriceOverride]:
+    return ModelPriceOverride.objects.filter(workspace=workspace).order_by("model")

@@ -1,0 +1,711 @@
+"""Writes of tracing: accepting ingest, turning batches into spans and trajectories, scores, retention.
+
+Ingest has two halves. `ingest_otlp_accept` / `ingest_trajectories_accept` run in the request: they
+validate the body, store it as one `IngestBatch` row and commit before the client hears "OK", so
+whatever Keel acknowledged survives any crash after that point. `span_batch_process` runs in a worker:
+it claims the batch with a conditional UPDATE (so a redelivered task is a no-op), writes the spans
+that are not stored yet and re-assembles each touched trajectory from all of its spans while holding
+that trajectory's row lock. A batch whose worker died stays `processing` until its lease expires;
+`ingest_batch_sweep` then hands it to another worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import orjson
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F, Q, Sum
+from django.utils import timezone
+from django.utils.text import slugify
+
+from agent_registry import services as registry_services
+from agent_registry.exceptions import AgentSlugTaken
+from agent_registry.models import Agent, AgentStatus, ApiKey, PromptVersion, User, Workspace
+from tracing import exceptions, otlp, pricing, trajectory_json
+from tracing.models import (
+    BatchSource,
+    BatchStatus,
+    IngestBatch,
+    ModelPriceOverride,
+    Score,
+    ScoreDataType,
+    ScoreSource,
+    Span,
+    Trajectory,
+)
+from tracing.records import json_dumps, span_from_record, span_record
+from tracing.steps import TrajectoryView, trajectory_view_build
+
+logger = logging.getLogger("tracing.services")
+
+PREVIEW_LENGTH = 300
+
+
+# --- Accepting ingest ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class IngestAccepted:
+    batch_id: int | None
+    accepted_spans: int
+    rejected_spans: int
+    error_message: str
+
+
+class _Backlog:
+    """Spans waiting in unfinished batches, read at most once a second per process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._value = 0
+        self._read_at = 0.0
+
+    def spans(self) -> int:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._read_at >= 1.0:
+                total = IngestBatch.objects.filter(status__in=(BatchStatus.PENDING, BatchStatus.PROCESSING)).aggregate(
+                    total=Sum("span_count")
+                )["total"]
+                self._value, self._read_at = int(total or 0), now
+            return self._value
+
+    def reset(self) -> None:
+        with self._lock:
+            self._read_at = 0.0
+
+
+backlog = _Backlog()
+
+
+def _backlog_check(incoming: int) -> None:
+    limit: int = settings.KEEL_INGEST_BACKLOG_SPANS
+    waiting = backlog.spans()
+    if waiting + incoming > limit:
+        raise exceptions.IngestBacklogFull(
+            f"{waiting} spans are waiting to be processed (limit {limit}); retry shortly",
+            retry_after=settings.KEEL_INGEST_RETRY_AFTER_SECONDS,
+        )
+
+
+def _batch_store(
+    *, api_key: ApiKey, source: str, content_type: str, content_encoding: str, body: bytes, span_count: int
+) -> IngestBatch:
+    from tracing import tasks  # tasks import services; import the module here, as STYLE.md says
+
+    with transaction.atomic():
+        batch = IngestBatch.objects.create(
+            workspace_id=api_key.workspace_id,
+            api_key=api_key,
+            source=source,
+            content_type=content_type,
+            content_encoding=content_encoding,
+            body=body,
+            span_count=span_count,
+        )
+        transaction.on_commit(lambda: tasks.span_batch_process.delay(batch.pk))
+    return batch
+
+
+def ingest_otlp_accept(*, api_key: ApiKey, body: bytes, content_type: str, content_encoding: str) -> IngestAccepted:
+    """Validate an OTLP/HTTP export request and store it; returns what was accepted and rejected.
+
+    Raises IngestContentTypeUnsupported, IngestPayloadInvalid, IngestPayloadTooLarge or
+    IngestBacklogFull, having stored nothing.
+    """
+    try:
+        request = otlp.decode_request(
+            body,
+            content_type,
+            content_encoding or None,
+            max_decompressed_bytes=settings.KEEL_MAX_DECOMPRESSED_BYTES,
+            max_attribute_length=settings.KEEL_MAX_ATTRIBUTE_LENGTH,
+        )
+    except otlp.UnsupportedContentType as error:
+        raise exceptions.IngestContentTypeUnsupported(str(error)) from None
+    except otlp.PayloadTooLarge as error:
+        raise exceptions.IngestPayloadTooLarge(str(error)) from None
+    except otlp.OtlpError as error:
+        raise exceptions.IngestPayloadInvalid(str(error)) from None
+    accepted = len(request.spans)
+    if not accepted:
+        return IngestAccepted(None, 0, request.rejected_spans, request.error_message)
+    _backlog_check(accepted)
+    batch = _batch_store(
+        api_key=api_key,
+        source=BatchSource.OTLP,
+        content_type=content_type,
+        content_encoding=content_encoding,
+        body=body,
+        span_count=accepted,
+    )
+    return IngestAccepted(batch.pk, accepted, request.rejected_spans, request.error_message)
+
+
+def ingest_trajectories_accept(*, api_key: ApiKey, payload: Any) -> tuple[IngestAccepted, list[str]]:
+    """Validate JSON trajectories and store them; returns the acceptance and each trajectory's trace id."""
+    try:
+        documents = trajectory_json.documents_parse(payload)
+    except trajectory_json.TrajectoryJsonError as error:
+        raise exceptions.TrajectoryFormatInvalid(str(error), errors=error.errors) from None
+    received = timezone.now()
+    for document in documents:
+        if document.started_at is None:
+            document.started_at = received
+    spans = [span for document in documents for span in trajectory_json.document_spans(document)]
+    trace_ids = list(dict.fromkeys(span.trace_id for span in spans))
+    _backlog_check(len(spans))
+    body = orjson.dumps([document.model_dump(mode="json") for document in documents])
+    batch = _batch_store(
+        api_key=api_key,
+        source=BatchSource.JSON,
+        content_type="application/json",
+        content_encoding="",
+        body=body,
+        span_count=len(spans),
+    )
+    return IngestAccepted(batch.pk, len(spans), 0, ""), trace_ids
+
+
+# --- Processing batches ----------------------------------------------------------------------------
+
+
+def _batch_claim(batch_id: int) -> IngestBatch | None:
+    lease = timezone.now() - timedelta(seconds=settings.KEEL_INGEST_LEASE_SECONDS)
+    claimed = IngestBatch.objects.filter(
+        Q(status=BatchStatus.PENDING) | Q(status=BatchStatus.PROCESSING, claimed_at__lt=lease), pk=batch_id
+    ).update(status=BatchStatus.PROCESSING, claimed_at=timezone.now(), attempts=F("attempts") + 1)
+    if not claimed:
+        return None
+    return IngestBatch.objects.select_related("workspace", "api_key").get(pk=batch_id)
+
+
+def _batch_spans(batch: IngestBatch) -> list[otlp.Span]:
+    body = bytes(batch.body)
+    if batch.source == BatchSource.JSON:
+        documents = trajectory_json.documents_parse(orjson.loads(body))
+        return [span for document in documents for span in trajectory_json.document_spans(document)]
+    request = otlp.decode_request(
+        body,
+        batch.content_type,
+        batch.content_encoding or None,
+        max_decompressed_bytes=settings.KEEL_MAX_DECOMPRESSED_BYTES,
+        max_attribute_length=settings.KEEL_MAX_ATTRIBUTE_LENGTH,
+    )
+    return otlp.map_spans(request.spans)
+
+
+def span_batch_process(*, batch_id: int) -> int:
+    """Turn a stored batch into spans and trajectories; returns how many spans were new.
+
+    Idempotent: a batch that is done, or claimed by a live worker, is skipped; spans already stored
+    are not written again.
+    """
+    batch = _batch_claim(batch_id)
+    if batch is None:
+        return 0
+    try:
+        spans = _batch_spans(batch)
+    except (otlp.OtlpError, trajectory_json.TrajectoryJsonError, ValueError) as error:
+        # Validated when accepted, so this is a bug or a changed parser; keep the body for a replay.
+        IngestBatch.objects.filter(pk=batch_id).update(status=BatchStatus.FAILED, error=str(error)[:2000])
+        logger.error("tracing.batch_undecodable", extra={"batch_id": batch_id, "error": str(error)})
+        return 0
+    with transaction.atomic():
+        written = spans_write(workspace=batch.workspace, api_key=batch.api_key, spans=spans)
+        IngestBatch.objects.filter(pk=batch_id).update(
+            status=BatchStatus.DONE, processed_at=timezone.now(), body=b"", error=""
+        )
+    return written
+
+
+def ingest_batch_sweep() -> list[int]:
+    """Ids of batches to hand to a worker again: pending ones whose message may be lost, and
+    processing ones whose worker's lease ran out. Batches tried too often are marked failed."""
+    now = timezone.now()
+    lease = now - timedelta(seconds=settings.KEEL_INGEST_LEASE_SECONDS)
+    stale_pending = now - timedelta(seconds=settings.KEEL_INGEST_REQUEUE_AFTER_SECONDS)
+    IngestBatch.objects.filter(
+        status=BatchStatus.PROCESSING, claimed_at__lt=lease, attempts__gte=settings.KEEL_INGEST_MAX_ATTEMPTS
+    ).update(status=BatchStatus.FAILED, error="gave up after repeated attempts")
+    return list(
+        IngestBatch.objects.filter(
+            Q(status=BatchStatus.PENDING, received_at__lt=stale_pending)
+            | Q(status=BatchStatus.PROCESSING, claimed_at__lt=lease)
+        )
+        .order_by("received_at")
+        .values_list("pk", flat=True)[:1000]
+    )
+
+
+# --- Writing spans and assembling trajectories --------------------------------------------------------
+
+_SPAN_COLUMNS = (
+    "workspace_id",
+    "trajectory_id",
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "name",
+    "kind",
+    "span_type",
+    "status",
+    "status_message",
+    "start_time_ns",
+    "end_time_ns",
+    "model",
+    "tool_name",
+    "input_tokens",
+    "output_tokens",
+    "total_tokens",
+    "cost_usd",
+    "prompt_version_id",
+    "data",
+    "received_at",
+)
+_STORED_COLUMNS = (
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "name",
+    "kind",
+    "span_type",
+    "status",
+    "status_message",
+    "start_time_ns",
+    "end_time_ns",
+    "model",
+    "tool_name",
+    "input_tokens",
+    "output_tokens",
+    "total_tokens",
+    "cost_usd",
+    "data",
+)
+
+
+def _price_overrides(workspace: Workspace) -> dict[str, pricing.ModelPrice]:
+    return {
+        row.model: pricing.ModelPrice.per_million(
+            row.input_usd_per_million, row.output_usd_per_million, row.cache_read_usd_per_million
+        )
+        for row in ModelPriceOverride.objects.filter(workspace=workspace)
+    }
+
+
+def _priced(span: otlp.Span, overrides: Mapping[str, pricing.ModelPrice]) -> otlp.Span:
+    if span.cost_usd is not None or span.span_type != "generation":
+        return span
+    cost = pricing.generation_cost(
+        span.model, span.usage.input_tokens, span.usage.output_tokens, span.usage.cache_read_tokens, overrides
+    )
+    return span if cost is None else dataclasses.replace(span, cost_usd=float(cost))
+
+
+class _AgentResolver:
+    """Finds the agent a trace belongs to: the one its spans name (slug or name), if the key may write
+    to it; else the key's only agent; else, for a key of the whole workspace, a new draft agent."""
+
+    def __init__(self, workspace: Workspace, api_key: ApiKey | None) -> None:
+        self.workspace = workspace
+        self.allowed: frozenset[int] | None = None
+        if api_key is not None:
+            ids = frozenset(api_key.agents.values_list("pk", flat=True))
+            self.allowed = ids or None
+        self.by_name: dict[str, int] = {}
+        for agent_id, slug, name in Agent.objects.filter(workspace=workspace).values_list("pk", "slug", "name"):
+            self.by_name.setdefault(slug.lower(), agent_id)
+            self.by_name.setdefault(name.lower(), agent_id)
+
+    def resolve(self, name: str | None) -> int | None:
+        if name:
+            found = self.by_name.get(name.strip().lower())
+            if found is not None and (self.allowed is None or found in self.allowed):
+                return found
+        if self.allowed is not None:
+            return next(iter(self.allowed)) if len(self.allowed) == 1 else None
+        if not name or not slugify(name):
+            return None
+        return self._create(name.strip())
+
+    def _create(self, name: str) -> int:
+        slug = slugify(name)[:64]
+        try:
+            with transaction.atomic():
+                agent = registry_services.agent_create(
+                    workspace=self.workspace,
+                    slug=slug,
+                    name=name[:200],
+                    description="Created from telemetry: spans named this agent.",
+                    status=AgentStatus.ACTIVE,
+                )
+            agent_id = agent.pk
+        except AgentSlugTaken:
+            agent_id = Agent.objects.get(workspace=self.workspace, slug=slug).pk
+        self.by_name[slug] = self.by_name[name.lower()] = agent_id
+        return agent_id
+
+
+def _prompt_versions(workspace: Workspace, spans: Iterable[otlp.Span]) -> dict[tuple[str, str], int]:
+    """(prompt name, version or label) → PromptVersion id, for the prompts the spans name."""
+    wanted = {(span.prompt_name, span.prompt_version or "production") for span in spans if span.prompt_name}
+    if not wanted:
+        return {}
+    names = {name for name, _ in wanted}
+    found: dict[tuple[str, str], int] = {}
+    rows = PromptVersion.objects.filter(prompt__workspace=workspace, prompt__name__in=names).values_list(
+        "pk", "prompt__name", "version", "labels__name"
+    )
+    for version_id, name, number, label in rows:
+        found[(name, str(number))] = version_id
+        if label:
+            found[(name, label)] = version_id
+    return {key: found[key] for key in wanted if key in found}
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(_text(part.get("text") or part.get("content")) for part in content if isinstance(part, dict))
+    if content is None:
+        return ""
+    return json_dumps(content)
+
+
+def _previews(view: TrajectoryView) -> tuple[str, str]:
+    first_user = next((m for m in view.conversation if m.get("role") == "user"), None)
+    last_assistant = next(
+        (m for m in reversed(view.conversation) if m.get("role") == "assistant" and m.get("content")), None
+    )
+    return (
+        _text(first_user.get("content"))[:PREVIEW_LENGTH] if first_user else "",
+        _text(last_assistant.get("content"))[:PREVIEW_LENGTH] if last_assistant else "",
+    )
+
+
+def _ns_datetime(ns: int) -> datetime:
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC)
+
+
+def _stored_spans(workspace_id: int, trace_ids: Sequence[str]) -> dict[str, list[otlp.Span]]:
+    if not trace_ids:
+        return {}
+    stored: dict[str, list[otlp.Span]] = defaultdict(list)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {', '.join(_STORED_COLUMNS)} FROM tracing_span WHERE workspace_id = %s AND trace_id = ANY(%s)",
+            [workspace_id, list(trace_ids)],
+        )
+        for row in cursor.fetchall():
+            columns = dict(zip(_STORED_COLUMNS, row, strict=True))
+            data = columns.pop("data")
+            span = span_from_record(columns, orjson.loads(data))
+            stored[span.trace_id].append(span)
+    return stored
+
+
+def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence[otlp.Span]) -> int:
+    """Store the spans not stored yet and re-assemble their trajectories; returns how many were new.
+
+    Precondition: runs inside a transaction (the trajectory row locks are held until it commits).
+    """
+    if not spans:
+        return 0
+    overrides = _price_overrides(workspace)
+    by_trace: dict[str, dict[str, otlp.Span]] = defaultdict(dict)
+    for span in spans:
+        by_trace[span.trace_id].setdefault(span.span_id, _priced(span, overrides))
+    trace_ids = sorted(by_trace)
+    now = timezone.now()
+
+    with connection.cursor() as cursor:
+        # Make sure every touched trajectory has a row, then lock them all in one order, so concurrent
+        # batches of the same trace take turns and each one sees the spans the other committed.
+        first_start = {trace_id: min(s.start_time_ns for s in by_trace[trace_id].values()) for trace_id in trace_ids}
+        cursor.execute(
+            """
+            INSERT INTO tracing_trajectory (
+                workspace_id, trace_id, name, status, started_at, ended_at, latency_ms, span_count, step_count,
+                llm_call_count, tool_call_count, error_count, input_tokens, output_tokens, total_tokens,
+                cost_usd, session_id, user_id, tags, task_id, input_preview, output_preview, metadata,
+                created_at, updated_at)
+            SELECT %s, t.trace_id, '', 'running', t.started_at, t.started_at, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                   '', '', '{}', '', '', '', '{}', %s, %s
+            FROM unnest(%s::text[], %s::timestamptz[]) AS t(trace_id, started_at)
+            ON CONFLICT (workspace_id, trace_id) DO NOTHING
+            """,
+            [workspace.pk, now, now, trace_ids, [_ns_datetime(first_start[t]) for t in trace_ids]],
+        )
+        cursor.execute(
+            "SELECT id, trace_id, span_count, agent_id FROM tracing_trajectory "
+            "WHERE workspace_id = %s AND trace_id = ANY(%s) ORDER BY trace_id FOR UPDATE",
+            [workspace.pk, trace_ids],
+        )
+        trajectories = {trace_id: (pk, count, agent_id) for pk, trace_id, count, agent_id in cursor.fetchall()}
+
+    stored = _stored_spans(workspace.pk, [t for t in trace_ids if trajectories[t][1] > 0])
+    prompt_versions = _prompt_versions(workspace, (s for trace in by_trace.values() for s in trace.values()))
+    agents = _AgentResolver(workspace, api_key)
+
+    new_rows: list[tuple[Any, ...]] = []
+    updates: list[tuple[Any, ...]] = []
+    trajectory_prompts: set[tuple[int, int]] = set()
+    for trace_id in trace_ids:
+        trajectory_id, _, agent_id = trajectories[trace_id]
+        known = {span.span_id for span in stored.get(trace_id, ())}
+        fresh = [span for span_id, span in by_trace[trace_id].items() if span_id not in known]
+        for span in fresh:
+            prompt_version_id = (
+                prompt_versions.get((span.prompt_name, span.prompt_version or "production"))
+                if span.prompt_name
+                else None
+            )
+            if prompt_version_id is not None:
+                trajectory_prompts.add((trajectory_id, prompt_version_id))
+            record = span_record(span)
+            new_rows.append(
+                (
+                    workspace.pk,
+                    trajectory_id,
+                    record.trace_id,
+                    record.span_id,
+                    record.parent_span_id,
+                    record.name,
+                    record.kind,
+                    record.span_type,
+                    record.status,
+                    record.status_message,
+                    record.start_time_ns,
+                    record.end_time_ns,
+                    record.model,
+                    record.tool_name,
+                    record.input_tokens,
+                    record.output_tokens,
+                    record.total_tokens,
+                    record.cost_usd,
+                    prompt_version_id,
+                    record.data,
+                    now,
+                )
+            )
+        if not fresh:
+            continue
+        view = trajectory_view_build([*stored.get(trace_id, ()), *fresh], trace_id=trace_id)
+        if agent_id is None:
+            agent_id = agents.resolve(view.agent_name)
+        updates.append(_trajectory_values(trajectory_id, agent_id, view, now))
+
+    with connection.cursor() as cursor:
+        if new_rows:
+            with cursor.cursor.copy(f"COPY tracing_span ({', '.join(_SPAN_COLUMNS)}) FROM STDIN") as copy:
+                for row in new_rows:
+                    copy.write_row(row)
+        if updates:
+            _trajectories_update(cursor, updates)
+        if trajectory_prompts:
+            pairs = sorted(trajectory_prompts)
+            cursor.execute(
+                "INSERT INTO tracing_trajectory_prompt_versions (trajectory_id, promptversion_id) "
+                "SELECT * FROM unnest(%s::bigint[], %s::bigint[]) ON CONFLICT DO NOTHING",
+                [[t for t, _ in pairs], [p for _, p in pairs]],
+            )
+    return len(new_rows)
+
+
+_TRAJECTORY_UPDATE_COLUMNS = (
+    ("id", "bigint"),
+    ("agent_id", "bigint"),
+    ("name", "text"),
+    ("status", "text"),
+    ("started_at", "timestamptz"),
+    ("ended_at", "timestamptz"),
+    ("latency_ms", "double precision"),
+    ("span_count", "integer"),
+    ("step_count", "integer"),
+    ("llm_call_count", "integer"),
+    ("tool_call_count", "integer"),
+    ("error_count", "integer"),
+    ("input_tokens", "bigint"),
+    ("output_tokens", "bigint"),
+    ("total_tokens", "bigint"),
+    ("cost_usd", "numeric"),
+    ("session_id", "text"),
+    ("user_id", "text"),
+    ("tags", "text"),  # JSON text of a list: unnest cannot take an array of arrays
+    ("task_id", "text"),
+    ("reward", "double precision"),
+    ("input_preview", "text"),
+    ("output_preview", "text"),
+    ("updated_at", "timestamptz"),
+)
+
+
+def _trajectory_values(
+    trajectory_id: int, agent_id: int | None, view: TrajectoryView, now: datetime
+) -> tuple[Any, ...]:
+    totals = view.totals
+    input_preview, output_preview = _previews(view)
+    return (
+        trajectory_id,
+        agent_id,
+        (view.root_span_name or "")[:500],
+        view.status,
+        _ns_datetime(view.start_time_ns),
+        _ns_datetime(view.end_time_ns),
+        max(0.0, (view.end_time_ns - view.start_time_ns) / 1e6),
+        totals.span_count,
+        totals.step_count,
+        totals.llm_call_count,
+        totals.tool_call_count,
+        totals.error_count,
+        totals.input_tokens,
+        totals.output_tokens,
+        totals.total_tokens,
+        Decimal(str(totals.cost_usd)).quantize(Decimal("0.00000001")) if totals.cost_usd is not None else Decimal(0),
+        (view.session_id or "")[:500],
+        (view.user_id or "")[:500],
+        json_dumps(sorted({tag[:200] for tag in view.tags})),
+        (view.task_id or "")[:500],
+        view.reward,
+        input_preview,
+        output_preview,
+        now,
+    )
+
+
+def _trajectories_update(cursor: Any, updates: list[tuple[Any, ...]]) -> None:
+    names = [name for name, _ in _TRAJECTORY_UPDATE_COLUMNS]
+    arrays = ", ".join(f"%s::{kind}[]" for _, kind in _TRAJECTORY_UPDATE_COLUMNS)
+    assignments = ", ".join(
+        f"{name} = ARRAY(SELECT jsonb_array_elements_text(v.tags::jsonb))" if name == "tags" else f"{name} = v.{name}"
+        for name in names[1:]
+    )
+    columns = [list(column) for column in zip(*updates, strict=True)]
+    cursor.execute(
+        f"UPDATE tracing_trajectory AS t SET {assignments} "
+        f"FROM unnest({arrays}) AS v({', '.join(names)}) WHERE t.id = v.id",
+        columns,
+    )
+
+
+# --- Scores ------------------------------------------------------------------------------------------
+
+
+def score_create(
+    *,
+    trajectory: Trajectory,
+    name: str,
+    data_type: str,
+    value: float | bool | None = None,
+    string_value: str = "",
+    span_id: str = "",
+    comment: str = "",
+    source: str = ScoreSource.API,
+    created_by: User | None = None,
+    created_via_key: ApiKey | None = None,
+) -> Score:
+    """Attach a score to a trajectory (or one of its steps, by span id)."""
+    problems: list[dict[str, str]] = []
+    if data_type not in ScoreDataType.values:
+        problems.append({"field": "data_type", "message": f"must be one of {', '.join(ScoreDataType.values)}"})
+    if not name.strip() or len(name) > 200:
+        problems.append({"field": "name", "message": "1 to 200 characters"})
+    numeric_value: float | None = None
+    if data_type == ScoreDataType.BOOLEAN:
+        if not isinstance(value, bool) and value not in (0, 1):
+            problems.append({"field": "value", "message": "a boolean score needs true/false (or 1/0)"})
+        else:
+            numeric_value = float(bool(value))
+    elif data_type == ScoreDataType.NUMERIC:
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            problems.append({"field": "value", "message": "a numeric score needs a number"})
+        elif value != value or value in (float("inf"), float("-inf")):
+            problems.append({"field": "value", "message": "must be finite"})
+        else:
+            numeric_value = float(value)
+    elif data_type in (ScoreDataType.CATEGORICAL, ScoreDataType.CORRECTION) and not string_value:
+        problems.append({"field": "string_value", "message": f"a {data_type} score needs string_value"})
+    if span_id and not trajectory.spans.filter(span_id=span_id).exists():
+        problems.append({"field": "span_id", "message": "no such step in this trajectory"})
+    if problems:
+        raise exceptions.ScoreInvalid(
+            "invalid score: " + "; ".join(f"{p['field']}: {p['message']}" for p in problems), errors=problems
+        )
+    return Score.objects.create(
+        workspace_id=trajectory.workspace_id,
+        trajectory=trajectory,
+        span_id=span_id,
+        name=name.strip(),
+        data_type=data_type,
+        value=numeric_value,
+        string_value=string_value,
+        source=source,
+        comment=comment,
+        created_by=created_by,
+        created_via_key=created_via_key,
+    )
+
+
+# --- Model prices ------------------------------------------------------------------------------------
+
+
+def model_price_set(
+    *,
+    workspace: Workspace,
+    model: str,
+    input_usd_per_million: Decimal,
+    output_usd_per_million: Decimal,
+    cache_read_usd_per_million: Decimal | None = None,
+) -> ModelPriceOverride:
+    if not model.strip():
+        raise exceptions.ModelPriceInvalid("model is required", errors=[{"field": "model", "message": "required"}])
+    for field, amount in (
+        ("input_usd_per_million", input_usd_per_million),
+        ("output_usd_per_million", output_usd_per_million),
+    ):
+        if amount < 0:
+            raise exceptions.ModelPriceInvalid(
+                f"{field} must not be negative", errors=[{"field": field, "message": "negative"}]
+            )
+    price, _ = ModelPriceOverride.objects.update_or_create(
+        workspace=workspace,
+        model=model.strip(),
+        defaults={
+            "input_usd_per_million": input_usd_per_million,
+            "output_usd_per_million": output_usd_per_million,
+            "cache_read_usd_per_million": cache_read_usd_per_million,
+        },
+    )
+    return price
+
+
+# --- Retention ---------------------------------------------------------------------------------------
+
+
+def trajectory_retention_apply(*, agent: Agent, days: int, batch_size: int = 1000) -> int:
+    """Delete the agent's trajectories that ended more than `days` ago, `batch_size` at a time, each
+    batch its own short transaction so that ingest never waits long on these deletes."""
+    cutoff = timezone.now() - timedelta(days=days)
+    deleted = 0
+    while True:
+        ids = list(
+            Trajectory.objects.filter(agent=agent, ended_at__lt=cutoff).values_list("pk", flat=True)[:batch_size]
+        )
+        if not ids:
+            return deleted
+        with transaction.atomic():
+            Span.objects.filter(trajectory_id__in=ids).delete()
+            Trajectory.objects.filter(pk__in=ids).delete()
+        deleted += len(ids)
