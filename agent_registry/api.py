@@ -11,13 +11,12 @@ from typing import Any
 
 from django.db import transaction
 from django.http import HttpRequest
-from ninja import Query, Router, Schema
+from ninja import Query, Router, Schema, Status
 
 from agent_registry import exceptions, requirements, selectors, services
 from agent_registry.auth import key_auth, langfuse_auth, request_agent_ids, request_api_key, request_workspace
 from agent_registry.models import Agent, ApiKey, Prompt, PromptVersion, RequirementsVersion, Scope
 from agent_registry.prompts import prompt_diff, template_variables
-from config.errors import PermissionDenied
 from agent_registry.schemas import (
     AgentDetailOut,
     AgentIn,
@@ -49,13 +48,21 @@ from agent_registry.schemas import (
     RequirementsVersionSummaryOut,
     WorkspaceOut,
 )
+from config.errors import KeelError, PermissionDenied
 
 router = Router(tags=["registry"])
 langfuse_router = Router(tags=["langfuse"])
 
 READ = key_auth(Scope.READ)
 WRITE = key_auth(Scope.WRITE)
-ERRORS: dict[int, type[Schema]] = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut}
+ERRORS: dict[int, type[Schema]] = {
+    400: ErrorOut,
+    401: ErrorOut,
+    403: ErrorOut,
+    404: ErrorOut,
+    409: ErrorOut,
+    422: ErrorOut,
+}
 
 
 # --- Shaping ----------------------------------------------------------------------------------
@@ -189,7 +196,7 @@ def agent_create_api(request: HttpRequest, payload: AgentIn) -> Any:
                 message="Initial requirements",
                 created_via_key=request_api_key(request),
             )
-    return 201, _agent_detail(agent)
+    return Status(201, _agent_detail(agent))
 
 
 def _agent_detail(agent: Agent) -> dict[str, Any]:
@@ -211,7 +218,7 @@ def agent_update_api(request: HttpRequest, slug: str, payload: AgentPatch) -> An
 @router.delete("/agents/{slug}", auth=WRITE, response={204: None, **ERRORS})
 def agent_delete_api(request: HttpRequest, slug: str) -> Any:
     services.agent_delete(agent=_agent(request, slug))
-    return 204, None
+    return Status(204, None)
 
 
 # --- Requirements -----------------------------------------------------------------------------
@@ -252,9 +259,12 @@ def requirements_version_list_api(request: HttpRequest, slug: str) -> Any:
 def requirements_version_create_api(request: HttpRequest, slug: str, payload: RequirementsIn) -> Any:
     agent = _agent(request, slug)
     version = services.requirements_version_create(
-        agent=agent, answers=payload.answers, message=payload.message, created_via_key=request_api_key(request)
+        agent=agent,
+        answers=payload.answers,
+        message=payload.message,
+        created_via_key=request_api_key(request),
     )
-    return 201, _requirements_out(agent, version)
+    return Status(201, _requirements_out(agent, version))
 
 
 @router.get("/agents/{slug}/requirements/current", auth=READ, response={200: RequirementsVersionOut, **ERRORS})
@@ -345,7 +355,7 @@ def prompt_create_api(request: HttpRequest, payload: PromptIn) -> Any:
         labels=payload.labels,
         created_via_key=request_api_key(request),
     )
-    return 201, _version_out(version)
+    return Status(201, _version_out(version))
 
 
 @router.get("/prompts/{path:name}/versions", auth=READ, response={200: list[PromptVersionOut], **ERRORS})
@@ -364,7 +374,7 @@ def prompt_version_create_api(request: HttpRequest, name: str, payload: PromptVe
         labels=payload.labels,
         created_via_key=request_api_key(request),
     )
-    return 201, _version_out(version)
+    return Status(201, _version_out(version))
 
 
 @router.get("/prompts/{path:name}/versions/{int:version}", auth=READ, response={200: PromptVersionOut, **ERRORS})
@@ -373,7 +383,10 @@ def prompt_version_get_api(request: HttpRequest, name: str, version: int) -> Any
 
 
 @router.api_operation(
-    ["PUT", "PATCH", "DELETE"], "/prompts/{path:name}/versions/{int:version}", auth=WRITE, response={405: ErrorOut}
+    ["PUT", "PATCH", "DELETE"],
+    "/prompts/{path:name}/versions/{int:version}",
+    auth=WRITE,
+    response={405: ErrorOut},
 )
 def prompt_version_edit_api(request: HttpRequest, name: str, version: int) -> Any:
     """Versions are immutable: publish a new version and move a label instead."""
@@ -412,7 +425,7 @@ def prompt_label_move_api(request: HttpRequest, name: str, label: str, payload: 
 @router.delete("/prompts/{path:name}/labels/{label}", auth=WRITE, response={204: None, **ERRORS})
 def prompt_label_delete_api(request: HttpRequest, name: str, label: str) -> Any:
     services.prompt_label_delete(prompt=_prompt(request, name), label=label, moved_via_key=request_api_key(request))
-    return 204, None
+    return Status(204, None)
 
 
 @router.get("/prompts/{path:name}/diff", auth=READ, response={200: PromptDiffOut, **ERRORS})
@@ -421,7 +434,12 @@ def prompt_diff_api(request: HttpRequest, name: str, query: Query[DiffQuery]) ->
     before = selectors.prompt_version_get(prompt=prompt, version=query.from_version)
     after = selectors.prompt_version_get(prompt=prompt, version=query.to_version)
     diff = prompt_diff(
-        before.template, before.config, after.template, after.config, f"v{before.version}", f"v{after.version}"
+        before.template,
+        before.config,
+        after.template,
+        after.config,
+        f"v{before.version}",
+        f"v{after.version}",
     )
     return {"from_version": before.version, "to_version": after.version, **diff.model_dump()}
 
@@ -471,7 +489,8 @@ def prompt_get_api(request: HttpRequest, name: str, query: Query[ResolveQuery]) 
 
 @router.get("/keys", auth=READ, response={200: list[ApiKeyOut], **ERRORS})
 def apikey_list_api(request: HttpRequest) -> Any:
-    return [_key_out(api_key) for api_key in selectors.apikey_list(workspace=request_workspace(request))]
+    keys = selectors.apikey_list(workspace=request_workspace(request), agent_ids=request_agent_ids(request))
+    return [_key_out(api_key) for api_key in keys]
 
 
 @router.post("/keys", auth=WRITE, response={201: ApiKeyCreatedOut, **ERRORS})
@@ -482,17 +501,20 @@ def apikey_create_api(request: HttpRequest, payload: ApiKeyIn) -> Any:
     caller_agent_ids = request_agent_ids(request)
     extra_scopes = sorted(set(payload.scopes) - set(caller.scopes))
     if extra_scopes:
-        raise exceptions.ApiKeyInvalid(
+        raise PermissionDenied(
             f"a key cannot grant scopes it lacks: {', '.join(extra_scopes)}",
-            code="permission_denied",
             errors=[{"field": "scopes", "message": "exceeds the calling key"}],
         )
     agents = [_agent(request, slug) for slug in payload.agents]
     if caller_agent_ids is not None and not agents:
-        raise exceptions.ApiKeyInvalid(
+        raise PermissionDenied(
             "a key limited to some agents can only create keys limited to them",
-            code="permission_denied",
             errors=[{"field": "agents", "message": "required"}],
+        )
+    if caller.expires_at is not None and (payload.expires_at is None or payload.expires_at > caller.expires_at):
+        raise PermissionDenied(
+            "a key that expires can only create keys that expire no later than it does",
+            errors=[{"field": "expires_at", "message": "exceeds the calling key"}],
         )
     api_key, raw_key = services.apikey_create(
         workspace=request_workspace(request),
@@ -501,12 +523,14 @@ def apikey_create_api(request: HttpRequest, payload: ApiKeyIn) -> Any:
         agents=agents,
         expires_at=payload.expires_at,
     )
-    return 201, {**_key_out(api_key), "key": raw_key}
+    return Status(201, {**_key_out(api_key), "key": raw_key})
 
 
 @router.delete("/keys/{int:key_id}", auth=WRITE, response={200: ApiKeyOut, **ERRORS})
 def apikey_revoke_api(request: HttpRequest, key_id: int) -> Any:
-    api_key = selectors.apikey_get(workspace=request_workspace(request), key_id=key_id)
+    api_key = selectors.apikey_get(
+        workspace=request_workspace(request), key_id=key_id, agent_ids=request_agent_ids(request)
+    )
     return _key_out(services.apikey_revoke(api_key=api_key))
 
 
@@ -532,7 +556,7 @@ def _langfuse_out(version: PromptVersion) -> dict[str, Any]:
 def langfuse_prompt_get_api(request: HttpRequest, name: str, query: Query[ResolveQuery]) -> Any:
     """Langfuse's `GET /api/public/v2/prompts/{name}`: by version, by label, else `production`."""
     if query.label is not None and query.version is not None:
-        raise exceptions.PromptInvalid("pass either label or version, not both", code="bad_request")
+        raise KeelError("pass either label or version, not both", code="bad_request")
     version = selectors.prompt_version_resolve(
         workspace=request_workspace(request),
         name=name,
@@ -571,7 +595,7 @@ def langfuse_prompt_create_api(request: HttpRequest, payload: LangfusePromptIn) 
             labels=payload.labels,
             created_via_key=api_key,
         )
-        return 201, _langfuse_out(version)
+        return Status(201, _langfuse_out(version))
     version = services.prompt_version_create(
         prompt=prompt,
         type=payload.type,
@@ -581,4 +605,4 @@ def langfuse_prompt_create_api(request: HttpRequest, payload: LangfusePromptIn) 
         labels=payload.labels,
         created_via_key=api_key,
     )
-    return 201, _langfuse_out(version)
+    return Status(201, _langfuse_out(version))

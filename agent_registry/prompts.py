@@ -11,9 +11,9 @@ import difflib
 import json
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
 
 PromptType = Literal["text", "chat"]
 
@@ -34,7 +34,16 @@ class ChatPlaceholder(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_\-]*$")
 
 
-ChatItem = ChatPlaceholder | ChatMessage
+def _chat_item_kind(item: Any) -> str:
+    kind = item.get("type") if isinstance(item, dict) else getattr(item, "type", None)
+    return "placeholder" if kind == "placeholder" else "message"
+
+
+# Tagged, so that a bad message is reported as a message, not as a placeholder that lacks its type.
+ChatItem = Annotated[
+    Annotated[ChatPlaceholder, Tag("placeholder")] | Annotated[ChatMessage, Tag("message")],
+    Discriminator(_chat_item_kind),
+]
 _chat_adapter: TypeAdapter[list[ChatItem]] = TypeAdapter(list[ChatItem])
 
 
@@ -64,7 +73,8 @@ def template_validate(prompt_type: PromptType, template: Any) -> str | list[dict
         items = _chat_adapter.validate_python(template)
     except ValidationError as error:
         first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
+        # loc is (index, tag, field...); the tag says which kind the item was taken for.
+        where = ".".join(str(part) for part in (*first["loc"][:1], *first["loc"][2:]))
         raise TemplateError(f"message {where}: {first['msg']}") from error
     return [item.model_dump(exclude_none=True) for item in items]
 
@@ -156,7 +166,11 @@ def prompt_diff(
 ) -> PromptDiff:
     """Unified diffs of the template and of the model configuration."""
     template = difflib.unified_diff(
-        _template_lines(before_template), _template_lines(after_template), before_name, after_name, lineterm=""
+        _template_lines(before_template),
+        _template_lines(after_template),
+        before_name,
+        after_name,
+        lineterm="",
     )
     config = difflib.unified_diff(
         _config_lines(before_config), _config_lines(after_config), before_name, after_name, lineterm=""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from datetime import datetime
 
-from django.db.models import Count, Max, Prefetch, QuerySet
+from django.db.models import Count, F, Max, Prefetch, QuerySet
 
 from agent_registry import exceptions, requirements
 from agent_registry.models import (
@@ -50,17 +50,30 @@ def workspace_member_list(*, workspace: Workspace) -> QuerySet[Membership]:
 # --- API keys ---------------------------------------------------------------------------------
 
 
-def apikey_list(*, workspace: Workspace) -> QuerySet[ApiKey]:
-    return (
-        ApiKey.objects.filter(workspace=workspace)
-        .select_related("created_by")
-        .prefetch_related("agents")
-        .order_by("revoked_at", "-created_at")
+def _apikeys_within(*, workspace: Workspace, agent_ids: AgentIds) -> QuerySet[ApiKey]:
+    """The keys a caller limited to `agent_ids` may see and revoke: those limited to some of its agents
+    and to no other (a key limited to none serves every agent, so it is outside)."""
+    keys = ApiKey.objects.filter(workspace=workspace)
+    if agent_ids is None:
+        return keys
+    others = Agent.objects.exclude(pk__in=agent_ids)
+    return keys.filter(pk__in=ApiKey.objects.filter(agents__in=agent_ids).values("pk")).exclude(
+        pk__in=ApiKey.objects.filter(agents__in=others).values("pk")
     )
 
 
-def apikey_get(*, workspace: Workspace, key_id: int) -> ApiKey:
-    api_key = ApiKey.objects.filter(workspace=workspace, pk=key_id).first()
+def apikey_list(*, workspace: Workspace, agent_ids: AgentIds = None) -> QuerySet[ApiKey]:
+    return (
+        _apikeys_within(workspace=workspace, agent_ids=agent_ids)
+        .select_related("created_by")
+        .prefetch_related("agents")
+        # Live keys first (PostgreSQL puts NULLs last when ascending), newest first.
+        .order_by(F("revoked_at").asc(nulls_first=True), "-created_at", "-pk")
+    )
+
+
+def apikey_get(*, workspace: Workspace, key_id: int, agent_ids: AgentIds = None) -> ApiKey:
+    api_key = _apikeys_within(workspace=workspace, agent_ids=agent_ids).filter(pk=key_id).first()
     if api_key is None:
         raise exceptions.ApiKeyNotFound(f"no API key {key_id}")
     return api_key
@@ -152,9 +165,7 @@ def prompt_get_by_id(*, workspace: Workspace, prompt_id: int) -> Prompt:
 
 def prompt_version_list(*, prompt: Prompt) -> QuerySet[PromptVersion]:
     return (
-        prompt.versions.select_related("created_by", "created_via_key")
-        .prefetch_related("labels")
-        .order_by("-version")
+        prompt.versions.select_related("created_by", "created_via_key").prefetch_related("labels").order_by("-version")
     )
 
 
@@ -215,3 +226,25 @@ def prompt_label_move_list(*, prompt: Prompt, limit: int = 50) -> QuerySet[Promp
 def worker_heartbeat_latest() -> datetime | None:
     last: datetime | None = WorkerHeartbeat.objects.aggregate(last=Max("last_seen_at"))["last"]
     return last
+
+
+# --- Dashboard --------------------------------------------------------------------------------
+
+
+def agent_feasibility_list(*, workspace: Workspace) -> list[tuple[Agent, list[requirements.Finding]]]:
+    """Every agent of the workspace with the feasibility findings of its current requirements, errors
+    first; an agent without requirements has none."""
+    found = []
+    for agent in agent_list(workspace=workspace):
+        current = requirements_current(agent=agent)
+        found.append((agent, requirements.feasibility_check(current) if current is not None else []))
+    return found
+
+
+def prompt_label_move_list_for_workspace(*, workspace: Workspace, limit: int = 10) -> QuerySet[PromptLabelMove]:
+    """The latest deployments (label moves) across every prompt of the workspace, newest first."""
+    return (
+        PromptLabelMove.objects.filter(prompt__workspace=workspace)
+        .select_related("prompt", "prompt__agent", "from_version", "to_version", "moved_by", "moved_via_key")
+        .order_by("-moved_at", "-id")[:limit]
+    )

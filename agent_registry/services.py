@@ -158,7 +158,9 @@ def agent_update(*, agent: Agent, fields: Mapping[str, Any]) -> Agent:
     allowed = {"name", "description", "status", "owner"}
     for field, value in fields.items():
         if field not in allowed:
-            raise exceptions.AgentInvalid(f"{field} cannot be changed", errors=[{"field": field, "message": "read-only"}])
+            raise exceptions.AgentInvalid(
+                f"{field} cannot be changed", errors=[{"field": field, "message": "read-only"}]
+            )
         setattr(agent, field, value)
     agent.full_clean(exclude=["current_requirements"], validate_unique=False, validate_constraints=False)
     agent.save()
@@ -167,6 +169,13 @@ def agent_update(*, agent: Agent, fields: Mapping[str, Any]) -> Agent:
 
 def agent_delete(*, agent: Agent) -> None:
     with transaction.atomic():
+        # A key limited to this agent alone would serve every agent once the limit cascades away
+        # (no agents means all of them): revoke it instead.
+        limited = ApiKey.objects.filter(agents=agent).values("pk")
+        elsewhere = ApiKey.objects.filter(agents__in=Agent.objects.exclude(pk=agent.pk)).values("pk")
+        ApiKey.objects.filter(pk__in=limited, revoked_at__isnull=True).exclude(pk__in=elsewhere).update(
+            revoked_at=timezone.now()
+        )
         # The current-requirements pointer protects its version; release it before the cascade.
         Agent.objects.filter(pk=agent.pk).update(current_requirements=None)
         # Labels protect versions; the prompts cascade with the agent, labels first.
@@ -243,9 +252,7 @@ def _prompt_name_check(name: str) -> None:
     elif any(ch in name for ch in "?#%\\") or any(ord(ch) < 32 for ch in name):
         problems.append("must not contain ?, #, %, \\ or control characters")
     if problems:
-        raise exceptions.PromptInvalid(
-            f"prompt name {problems[0]}", errors=[{"field": "name", "message": problems[0]}]
-        )
+        raise exceptions.PromptInvalid(f"prompt name {problems[0]}", errors=[{"field": "name", "message": problems[0]}])
 
 
 def _template_check(prompt_type: str, template: Any, config: Any) -> str | list[dict[str, Any]]:

@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Any, Literal
 
 from django.http import HttpRequest
-from ninja import Body, Field, Query, Router, Schema
+from ninja import Body, Field, Query, Router, Schema, Status
 
 from agent_registry import selectors as registry_selectors
 from agent_registry.auth import key_auth, request_agent_ids, request_api_key, request_workspace
@@ -235,11 +235,11 @@ def _score_filter(raw: str | None) -> tuple[str | None, float | None, float | No
 
 
 @router.post("/ingest/trajectories", auth=INGEST, response={202: IngestOut, **ERRORS})
-def trajectories_ingest_api(request: HttpRequest, payload: dict[str, Any] | list[Any] = Body(...)) -> Any:
+def trajectories_ingest_api(request: HttpRequest, payload: Body[dict[str, Any] | list[Any]]) -> Any:
     """Plain JSON ingest: one trajectory (OpenAI-style messages with tool calls and results), a list, or
     `{"trajectories": [...]}`; stored before the answer, processed by a worker within seconds."""
     accepted, trace_ids = services.ingest_trajectories_accept(api_key=request_api_key(request), payload=payload)
-    return 202, {"accepted_spans": accepted.accepted_spans, "trace_ids": trace_ids}
+    return Status(202, {"accepted_spans": accepted.accepted_spans, "trace_ids": trace_ids})
 
 
 @router.get("/trajectories", auth=READ, response={200: TrajectoryPageOut, **ERRORS})
@@ -311,7 +311,7 @@ def score_create_api(request: HttpRequest, trace_id: str, payload: ScoreIn) -> A
         comment=payload.comment,
         created_via_key=request_api_key(request),
     )
-    return 201, _score_out(score)
+    return Status(201, _score_out(score))
 
 
 @router.get("/sessions", auth=READ, response={200: list[SessionOut], **ERRORS})

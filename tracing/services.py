@@ -161,6 +161,8 @@ def ingest_trajectories_accept(*, api_key: ApiKey, payload: Any) -> tuple[Ingest
         raise exceptions.TrajectoryFormatInvalid(str(error), errors=error.errors) from None
     received = timezone.now()
     for document in documents:
+        # Fix the id before the time of receipt enters the document: a retry must map to the same trace.
+        document.trace_id = trajectory_json.document_trace_id(document)
         if document.started_at is None:
             document.started_at = received
     spans = [span for document in documents for span in trajectory_json.document_spans(document)]

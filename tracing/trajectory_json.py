@@ -144,7 +144,8 @@ def _digest(*parts: str, size: int) -> str:
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[: size * 2]
 
 
-def _trace_id(document: TrajectoryDocument) -> str:
+def document_trace_id(document: TrajectoryDocument) -> str:
+    """The given trace id, or one derived from the content, so a re-post of the same trajectory matches."""
     if document.trace_id:
         return document.trace_id
     content = json.dumps(document.model_dump(mode="json", exclude={"trace_id"}), sort_keys=True, default=str)
@@ -250,7 +251,7 @@ def _span(
 
 def document_spans(document: TrajectoryDocument) -> list[Span]:
     """The spans of one trajectory: a root agent span, a generation per assistant turn, a tool span per result."""
-    trace_id = _trace_id(document)
+    trace_id = document_trace_id(document)
     root_id = _digest(trace_id, "root", size=8)
     clock = _start_ns(document)
     start = clock

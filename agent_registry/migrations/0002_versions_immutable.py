@@ -15,7 +15,9 @@ $$ LANGUAGE plpgsql;
 
 
 def _trigger(table: str) -> str:
-    return f"CREATE TRIGGER {table}_immutable BEFORE UPDATE ON {table} FOR EACH ROW EXECUTE FUNCTION keel_refuse_update();"
+    return (
+        f"CREATE TRIGGER {table}_immutable BEFORE UPDATE ON {table} FOR EACH ROW EXECUTE FUNCTION keel_refuse_update();"
+    )
 
 
 class Migration(migrations.Migration):

@@ -54,6 +54,17 @@ class AgentFactory(DjangoModelFactory[Agent]):
     description = "An agent made by a test."
 
 
+class PromptFactory(DjangoModelFactory[Prompt]):
+    """A prompt with no version yet; `prompt_with_versions` publishes versions through the services."""
+
+    class Meta:
+        model = Prompt
+
+    agent = SubFactory(AgentFactory)
+    workspace = LazyAttribute(lambda prompt: prompt.agent.workspace)
+    name = Sequence(lambda n: f"prompt-{n}")
+
+
 _ANSWERS: dict[str, Any] = {
     "error_surface": {
         "decision_authority": "bounded_autonomy",

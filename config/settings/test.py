@@ -15,3 +15,6 @@ DATABASES["default"]["TEST"] = {"NAME": env_str("KEEL_TEST_DATABASE_NAME", "test
 ALLOWED_HOSTS = ["testserver", "localhost", "127.0.0.1"]
 # Static files come from the finders in tests (live_server serves them); no collectstatic needed.
 MIDDLEWARE = [entry for entry in MIDDLEWARE if entry != "whitenoise.middleware.WhiteNoiseMiddleware"]
+# live_server threads serve keep-alive clients (Langfuse SDK, Chromium); a persistent connection per
+# thread would outlive the test and block the test database's teardown.
+DATABASES["default"]["CONN_MAX_AGE"] = 0

@@ -27,20 +27,23 @@ def _accept(api_key, body: bytes) -> IngestBatch:
     accepted = services.ingest_otlp_accept(
         api_key=api_key, body=body, content_type="application/x-protobuf", content_encoding=""
     )
+    assert accepted.batch_id is not None
     return IngestBatch.objects.get(pk=accepted.batch_id)
 
 
 @pytest.fixture
 def key_for():
     def make(workspace, agents=()):
-        api_key, _ = registry_services.apikey_create(workspace=workspace, name="ingest", scopes=["ingest"], agents=agents)
+        api_key, _ = registry_services.apikey_create(
+            workspace=workspace, name="ingest", scopes=["ingest"], agents=agents
+        )
         return api_key
 
     return make
 
 
 def test_a_batch_becomes_spans_and_a_trajectory(otel, key_for, workspace):
-    agent = AgentFactory(workspace=workspace, slug="ride-support")
+    agent = AgentFactory.create(workspace=workspace, slug="ride-support")
     trace_id = refund_conversation(otel.tracer())
     batch = _accept(key_for(workspace), otel.protobuf())
 
@@ -123,8 +126,8 @@ def test_an_unknown_agent_name_from_a_workspace_key_creates_the_agent(otel, key_
 
 
 def test_a_key_limited_to_one_agent_files_every_trace_under_it(otel, key_for, workspace):
-    mine = AgentFactory(workspace=workspace, slug="ride-support")
-    AgentFactory(workspace=workspace, slug="shopping")
+    mine = AgentFactory.create(workspace=workspace, slug="ride-support")
+    AgentFactory.create(workspace=workspace, slug="shopping")
     refund_conversation(otel.tracer(), agent="shopping")  # names an agent the key may not write to
     services.span_batch_process(batch_id=_accept(key_for(workspace, agents=[mine]), otel.protobuf()).pk)
 
@@ -133,7 +136,7 @@ def test_a_key_limited_to_one_agent_files_every_trace_under_it(otel, key_for, wo
 
 
 def test_spans_link_the_prompt_version_they_name(otel, key_for, workspace):
-    agent = AgentFactory(workspace=workspace, slug="ride-support")
+    agent = AgentFactory.create(workspace=workspace, slug="ride-support")
     first = registry_services.prompt_create(
         agent=agent, name="ride-support/system", type="text", template="v1", labels=["production"]
     )
@@ -197,13 +200,15 @@ def test_processing_reads_a_trace_once_per_batch(otel, key_for, workspace):
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_batches_of_one_trace_add_up(key_for):
-    workspace = WorkspaceFactory(slug="concurrent")
+    workspace = WorkspaceFactory.create(slug="concurrent")
     recorder = OtelRecorder()
     trace_id = refund_conversation(recorder.tracer())
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
     key = key_for(workspace)
-    batches = [_accept(key, encode_spans([span]).SerializeToString()) for span in recorder.exporter.get_finished_spans()]
+    batches = [
+        _accept(key, encode_spans([span]).SerializeToString()) for span in recorder.exporter.get_finished_spans()
+    ]
     errors: list[BaseException] = []
 
     def process(batch_id: int) -> None:

@@ -1,0 +1,218 @@
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+
+import pytest
+from django.test import Client
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from agent_registry import services as registry_services
+from tracing import services
+from tracing.models import IngestBatch, Span
+from tracing.tests.agent_traces import refund_conversation
+from tracing.tests.conftest import otlp_json_document
+
+pytestmark = pytest.mark.django_db
+PROTOBUF = "application/x-protobuf"
+
+
+@pytest.fixture
+def ingest_client(workspace):
+    _, raw_key = registry_services.apikey_create(workspace=workspace, name="agent", scopes=["ingest"])
+    return Client(headers={"Authorization": f"Bearer {raw_key}"})
+
+
+@pytest.fixture(autouse=True)
+def fresh_backlog():
+    services.backlog.reset()
+    yield
+    services.backlog.reset()
+
+
+def test_protobuf_export_is_stored_and_answered_with_an_empty_response(otel, ingest_client, workspace):
+    refund_conversation(otel.tracer())
+
+    response = ingest_client.post("/v1/traces", otel.protobuf(), content_type=PROTOBUF)
+
+    assert response.status_code == 200
+    assert response["Content-Type"] == PROTOBUF
+    answer = ExportTraceServiceResponse.FromString(response.content)
+    assert not answer.HasField("partial_success")
+    batch = IngestBatch.objects.get(workspace=workspace)
+    assert (batch.span_count, batch.status, batch.source) == (4, "pending", "otlp")
+
+
+def test_json_and_gzip_bodies_are_accepted(otel, ingest_client, workspace):
+    refund_conversation(otel.tracer())
+    document = json.dumps(otlp_json_document(otel.request())).encode()
+
+    as_json = ingest_client.post("/v1/traces", document, content_type="application/json")
+    as_gzip = ingest_client.post(
+        "/v1/traces", gzip.compress(otel.protobuf()), content_type=PROTOBUF, headers={"Content-Encoding": "gzip"}
+    )
+
+    assert (as_json.status_code, as_json.json()) == (200, {})
+    assert as_gzip.status_code == 200
+    assert IngestBatch.objects.filter(workspace=workspace).count() == 2
+    for batch in IngestBatch.objects.all():
+        services.span_batch_process(batch_id=batch.pk)
+    assert Span.objects.filter(workspace=workspace).count() == 4  # the same spans twice are stored once
+
+
+def test_invalid_spans_are_rejected_with_partial_success_and_the_rest_stored(otel, ingest_client, workspace):
+    refund_conversation(otel.tracer())
+    document = otlp_json_document(otel.request())
+    spans = document["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    spans[0]["spanId"] = "0000000000000000"
+
+    response = ingest_client.post("/v1/traces", json.dumps(document), content_type="application/json")
+
+    assert response.status_code == 200
+    body = response.json()
+    assert body["partialSuccess"]["rejectedSpans"] == "1"
+    assert "span" in body["partialSuccess"]["errorMessage"]
+    assert IngestBatch.objects.get(workspace=workspace).span_count == 3
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status", "code"),
+    [
+        (b"\xff\xff\xff garbage", PROTOBUF, 400, "invalid_payload"),
+        (b"{not json", "application/json", 400, "invalid_payload"),
+        (b"{}", "text/plain", 415, "unsupported_content_type"),
+    ],
+)
+def test_bad_bodies_get_a_clear_4xx_and_nothing_is_stored(ingest_client, body, content_type, status, code):
+    response = ingest_client.post("/v1/traces", body, content_type=content_type)
+
+    assert response.status_code == status
+    assert response.json()["code"] == code
+    assert response.json()["detail"]
+    assert IngestBatch.objects.count() == 0
+
+
+def test_an_oversized_body_gets_413(ingest_client, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+
+    response = ingest_client.post("/v1/traces", b"x" * 2000, content_type=PROTOBUF)
+
+    assert (response.status_code, response.json()["code"]) == (413, "payload_too_large")
+    assert IngestBatch.objects.count() == 0
+
+
+def test_a_gzip_bomb_gets_413(ingest_client, settings):
+    settings.KEEL_MAX_DECOMPRESSED_BYTES = 10_000
+
+    response = ingest_client.post(
+        "/v1/traces", gzip.compress(b"\0" * 1_000_000), content_type=PROTOBUF, headers={"Content-Encoding": "gzip"}
+    )
+
+    assert response.status_code == 413
+    assert IngestBatch.objects.count() == 0
+
+
+def test_a_full_backlog_answers_503_with_retry_after_and_stores_nothing(otel, ingest_client, settings):
+    settings.KEEL_INGEST_BACKLOG_SPANS = 5
+    refund_conversation(otel.tracer())
+    assert ingest_client.post("/v1/traces", otel.protobuf(), content_type=PROTOBUF).status_code == 200
+    services.backlog.reset()
+
+    response = ingest_client.post("/v1/traces", otel.protobuf(), content_type=PROTOBUF)
+
+    assert response.status_code == 503
+    assert response["Retry-After"] == "5"
+    assert response.json()["code"] == "ingest_backlog_full"
+    assert IngestBatch.objects.count() == 1
+
+
+def test_without_a_key_or_with_a_key_lacking_the_ingest_scope_nothing_is_stored(otel, workspace):
+    refund_conversation(otel.tracer())
+    _, read_key = registry_services.apikey_create(workspace=workspace, name="reader", scopes=["read"])
+
+    anonymous = Client().post("/v1/traces", otel.protobuf(), content_type=PROTOBUF)
+    wrong_scope = Client(headers={"Authorization": f"Bearer {read_key}"}).post(
+        "/v1/traces", otel.protobuf(), content_type=PROTOBUF
+    )
+    bad_key = Client(headers={"Authorization": "Bearer keel_000000000000_nope"}).post(
+        "/v1/traces", otel.protobuf(), content_type=PROTOBUF
+    )
+
+    assert (anonymous.status_code, anonymous.json()["code"]) == (401, "unauthenticated")
+    assert (wrong_scope.status_code, wrong_scope.json()["code"]) == (403, "insufficient_scope")
+    assert bad_key.status_code == 401
+    assert IngestBatch.objects.count() == 0
+
+
+def test_langfuse_clients_use_their_own_path_with_basic_auth(otel, workspace):
+    refund_conversation(otel.tracer())
+    _, raw_key = registry_services.apikey_create(workspace=workspace, name="langfuse", scopes=["ingest"])
+    basic = base64.b64encode(f"pk-lf-anything:{raw_key}".encode()).decode()
+
+    response = Client(headers={"Authorization": f"Basic {basic}"}).post(
+        "/api/public/otel/v1/traces", otel.protobuf(), content_type=PROTOBUF
+    )
+
+    assert response.status_code == 200
+    assert IngestBatch.objects.get(workspace=workspace).span_count == 4
+
+
+def test_get_is_not_allowed(ingest_client):
+    assert ingest_client.get("/v1/traces").status_code == 405
+
+
+def test_json_trajectories_become_spans(ingest_client, workspace):
+    _, raw_key = registry_services.apikey_create(workspace=workspace, name="json", scopes=["ingest"])
+    client = Client(headers={"Authorization": f"Bearer {raw_key}"})
+    trajectory = {
+        "name": "refund",
+        "agent": "ride-support",
+        "session_id": "s-9",
+        "reward": 1.0,
+        "tools": [{"type": "function", "function": {"name": "lookup_trip", "parameters": {"type": "object"}}}],
+        "messages": [
+            {"role": "user", "content": "I was charged twice"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "lookup_trip", "arguments": '{"trip_id": "T1"}'},
+                    }
+                ],
+                "usage": {"input_tokens": 50, "output_tokens": 10},
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": '{"status": "cancelled"}'},
+            {"role": "assistant", "content": "Refunded."},
+        ],
+    }
+
+    first = client.post("/api/v1/ingest/trajectories", json.dumps(trajectory), content_type="application/json")
+    again = client.post("/api/v1/ingest/trajectories", json.dumps(trajectory), content_type="application/json")
+
+    assert first.status_code == 202
+    assert first.json()["accepted_spans"] == 4
+    assert first.json()["trace_ids"] == again.json()["trace_ids"]
+    for batch in IngestBatch.objects.all():
+        services.span_batch_process(batch_id=batch.pk)
+    (trace_id,) = first.json()["trace_ids"]
+    assert Span.objects.filter(trace_id=trace_id).count() == 4
+    stored = Span.objects.get(trace_id=trace_id, span_type="tool")
+    assert stored.tool_name == "lookup_trip"
+
+
+def test_json_trajectories_with_errors_name_the_field_and_store_nothing(ingest_client):
+    response = ingest_client.post(
+        "/api/v1/ingest/trajectories",
+        json.dumps({"messages": [{"role": "wizard", "content": "hi"}]}),
+        content_type="application/json",
+    )
+
+    assert response.status_code == 422
+    body = response.json()
+    assert body["code"] == "trajectory_invalid"
+    assert body["errors"][0]["field"] == "messages.0.role"
+    assert IngestBatch.objects.count() == 0
