@@ -12,3 +12,6 @@ urlpatterns = [
     path("api/public/", langfuse_api.urls),
     path("", include("frontend.urls")),
 ]
+
+handler404 = "config.views.page_not_found"
+handler500 = "config.views.server_error"

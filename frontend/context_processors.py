@@ -2,8 +2,47 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest
+
+from agent_registry import selectors
+from agent_registry.models import User
+from frontend.access import membership_can_edit, membership_can_manage_keys
+
+# The sidebar entry that a page belongs to, by the prefix of its URL name.
+_SECTIONS = (
+    ("workspace_home", "home"),
+    ("agent", "agents"),
+    ("requirements", "agents"),
+    ("configuration", "agents"),
+    ("prompt", "prompts"),
+    ("apikey", "keys"),
+)
 
 
 def navigation(request: HttpRequest) -> dict[str, Any]:
-    return {}
+    """The workspace switcher, the current workspace and what the user may do in it.
+
+    Read from the URL rather than from the view, so that error pages (403, 404) raised inside a
+    workspace still show its navigation, and a workspace the user is not in shows none.
+    """
+    context: dict[str, Any] = {"keel_version": settings.KEEL_VERSION}
+    # The 500 page renders without a request, and so without a user.
+    user = getattr(request, "user", None)
+    if not isinstance(user, User):
+        return context
+    memberships = list(selectors.membership_list_for_user(user=user))
+    match = request.resolver_match
+    slug = match.kwargs.get("workspace_slug") if match is not None else None
+    current = next((m for m in memberships if m.workspace.slug == slug), None)
+    url_name = match.url_name if match is not None and match.url_name else ""
+    section = next((name for prefix, name in _SECTIONS if url_name.startswith(prefix)), "")
+    context.update(
+        nav_memberships=memberships,
+        nav_membership=current,
+        nav_workspace=current.workspace if current is not None else None,
+        nav_section=section,
+        can_edit=membership_can_edit(current),
+        can_manage_keys=membership_can_manage_keys(current),
+    )
+    return context

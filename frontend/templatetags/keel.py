@@ -1,0 +1,94 @@
+"""Small presentation filters for the dashboard's templates."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from django import template
+from django.utils import timezone
+from django.utils.timesince import timesince
+
+register = template.Library()
+
+_ACRONYMS = {"pii": "PII", "csat": "CSAT", "llm": "LLM", "pr": "PR"}
+
+
+@register.filter
+def humanize(value: Any) -> str:
+    """An enum value as words: `bounded_autonomy` → `Bounded autonomy`."""
+    words = [_ACRONYMS.get(word, word) for word in str(value).split("_")]
+    text = " ".join(words)
+    return text[:1].upper() + text[1:]
+
+
+@register.filter
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+@register.filter
+def diff_class(line: str) -> str:
+    """The colour of one line of a unified diff."""
+    if line.startswith(("+++", "---")):
+        return "diff-meta"
+    if line.startswith("@@"):
+        return "diff-hunk"
+    if line.startswith("+"):
+        return "diff-add"
+    if line.startswith("-"):
+        return "diff-del"
+    return ""
+
+
+@register.filter
+def percent(value: Any) -> str:
+    try:
+        return f"{float(value) * 100:g}%"
+    except (TypeError, ValueError):
+        return str(value)
+
+
+@register.filter
+def initials(value: Any) -> str:
+    text = str(value).strip()
+    return text[:2] if text else "?"
+
+
+@register.filter
+def ms(value: Any) -> str:
+    """Milliseconds as the unit a person would say: 30000 → 30 s."""
+    if value is None:
+        return "—"
+    number = int(value)
+    if number >= 60_000 and number % 60_000 == 0:
+        return f"{number // 60_000} min"
+    if number >= 1000 and number % 1000 == 0:
+        return f"{number // 1000} s"
+    return f"{number} ms"
+
+
+@register.filter
+def cut_section(path: str) -> str:
+    """The question a dotted path belongs to: `constraints.latency.latency_class` → `constraints`."""
+    return str(path).split(".", 1)[0]
+
+
+@register.filter
+def severity_counts(findings: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for finding in findings or ():
+        severity = str(getattr(finding, "severity", getattr(getattr(finding, "finding", None), "severity", "")))
+        counts[severity] = counts.get(severity, 0) + 1
+    return counts
+
+
+@register.filter
+def ago(value: datetime | None) -> str:
+    """`3 minutes ago`; under a minute, `just now` rather than Django's `0 minutes`."""
+    if value is None:
+        return "—"
+    if (timezone.now() - value).total_seconds() < 60:
+        return "just now"
+    return f"{timesince(value, depth=1)} ago"

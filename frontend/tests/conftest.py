@@ -1,0 +1,164 @@
+"""Two workspaces, each with an agent that has requirements, a prompt with two versions and a key,
+and a client per role in the first."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from agent_registry import services
+from agent_registry.models import (
+    Agent,
+    ApiKey,
+    Membership,
+    Prompt,
+    PromptLabel,
+    PromptLabelMove,
+    PromptVersion,
+    RequirementsVersion,
+    Role,
+    User,
+    Workspace,
+)
+from agent_registry.tests.factories import (
+    AgentFactory,
+    MembershipFactory,
+    UserFactory,
+    requirements_answers,
+)
+
+
+@dataclass
+class Tenant:
+    workspace: Workspace
+    agent: Agent
+    prompt: Prompt
+    api_key: ApiKey
+
+
+def _tenant(workspace: Workspace, author: User) -> Tenant:
+    agent = AgentFactory.create(workspace=workspace, slug="ride-support", name="Ride support", owner=author)
+    services.requirements_version_create(
+        agent=agent, answers=requirements_answers(), message="initial", created_by=author
+    )
+    services.requirements_version_create(
+        agent=agent,
+        answers=requirements_answers(**{"io_gap.steps_p95": 6}),
+        message="longer tail",
+        created_by=author,
+    )
+    first = services.prompt_create(
+        agent=agent,
+        name="support/triage",
+        type="text",
+        template="Hello {{name}}, you asked about {{topic}}.",
+        config={"model": "gpt-4o-mini"},
+        commit_message="first",
+        labels=["production"],
+        created_by=author,
+    )
+    services.prompt_version_create(
+        prompt=first.prompt, template="Hi {{name}}! About {{topic}}:", commit_message="friendlier", created_by=author
+    )
+    api_key, _ = services.apikey_create(workspace=workspace, name="ingest", scopes=["ingest"], created_by=author)
+    return Tenant(workspace=workspace, agent=agent, prompt=first.prompt, api_key=api_key)
+
+
+@pytest.fixture
+def tenant(workspace) -> Tenant:
+    author = UserFactory.create(username="author")
+    MembershipFactory.create(workspace=workspace, user=author, role=Role.OWNER)
+    return _tenant(workspace, author)
+
+
+@pytest.fixture
+def other_tenant(other_workspace) -> Tenant:
+    stranger = UserFactory.create(username="stranger")
+    MembershipFactory.create(workspace=other_workspace, user=stranger, role=Role.OWNER)
+    return _tenant(other_workspace, stranger)
+
+
+def _client_for(workspace: Workspace, role: Role, username: str) -> tuple[Client, Membership]:
+    user = UserFactory.create(username=username)
+    membership = MembershipFactory.create(workspace=workspace, user=user, role=role)
+    client = Client()
+    client.force_login(user)
+    return client, membership
+
+
+@pytest.fixture
+def member_client(tenant) -> Client:
+    return _client_for(tenant.workspace, Role.MEMBER, "mia")[0]
+
+
+@pytest.fixture
+def viewer_client(tenant) -> Client:
+    return _client_for(tenant.workspace, Role.VIEWER, "vic")[0]
+
+
+@pytest.fixture
+def owner_client(tenant) -> Client:
+    return _client_for(tenant.workspace, Role.OWNER, "olga")[0]
+
+
+def page_urls(tenant: Tenant) -> dict[str, str]:
+    """Every page a member may GET, for the given tenant."""
+    ws, agent, prompt = tenant.workspace.slug, tenant.agent.slug, tenant.prompt.pk
+    return {
+        "workspace_home": f"/w/{ws}/",
+        "agent_list": f"/w/{ws}/agents/",
+        "agent_detail": f"/w/{ws}/agents/{agent}/",
+        "requirements_edit": f"/w/{ws}/agents/{agent}/requirements/",
+        "requirements_history": f"/w/{ws}/agents/{agent}/requirements/history/",
+        "requirements_diff": f"/w/{ws}/agents/{agent}/requirements/history/?a=1&b=2",
+        "configuration": f"/w/{ws}/agents/{agent}/configuration/",
+        "agent_prompt_list": f"/w/{ws}/agents/{agent}/prompts/",
+        "prompt_list": f"/w/{ws}/prompts/",
+        "prompt_detail": f"/w/{ws}/prompts/{prompt}/",
+        "prompt_diff": f"/w/{ws}/prompts/{prompt}/?from=1&to=2",
+        "prompt_render": f"/w/{ws}/prompts/{prompt}/render/?version=1&var.name=Ada&var.topic=refunds",
+        "apikey_list": f"/w/{ws}/keys/",
+    }
+
+
+def post_cases(tenant: Tenant) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every POST of the dashboard with a valid body: each would change something if it were allowed."""
+    from frontend import forms
+
+    ws, agent, prompt = tenant.workspace.slug, tenant.agent.slug, tenant.prompt.pk
+    answers = forms.requirements_form_values(requirements_answers(**{"io_gap.steps_p95": 7}))
+    return {
+        "agent_create": (f"/w/{ws}/agents/", {"slug": "new-agent", "name": "New agent"}),
+        "requirements_save": (f"/w/{ws}/agents/{agent}/requirements/", {**answers, "message": "more steps"}),
+        "requirements_validate": (f"/w/{ws}/agents/{agent}/requirements/validate/", answers),
+        "requirements_activate": (f"/w/{ws}/agents/{agent}/requirements/1/activate/", {}),
+        "prompt_create": (
+            f"/w/{ws}/agents/{agent}/prompts/",
+            {"name": "greeting", "type": "text", "template": "Hi {{name}}", "config": "{}", "labels": "production"},
+        ),
+        "prompt_version_create": (
+            f"/w/{ws}/prompts/{prompt}/versions/",
+            {"template": "Hey {{name}}", "config": "{}", "commit_message": "shorter", "labels": "production"},
+        ),
+        "prompt_label_move": (f"/w/{ws}/prompts/{prompt}/labels/", {"label": "production", "version": "2"}),
+        "apikey_create": (f"/w/{ws}/keys/", {"name": "new key", "scopes": ["ingest", "read"]}),
+        "apikey_revoke": (f"/w/{ws}/keys/{tenant.api_key.pk}/revoke/", {}),
+    }
+
+
+def db_state() -> dict[str, list[Any]]:
+    """Everything a dashboard POST could change, to assert that a refused one changed nothing."""
+    return {
+        "agents": list(
+            Agent.objects.order_by("pk").values_list("pk", "slug", "name", "status", "current_requirements_id")
+        ),
+        "requirements_versions": list(RequirementsVersion.objects.order_by("pk").values_list("pk", "version")),
+        "prompts": list(Prompt.objects.order_by("pk").values_list("pk", "name")),
+        "prompt_versions": list(PromptVersion.objects.order_by("pk").values_list("pk", "version")),
+        "labels": list(PromptLabel.objects.order_by("pk").values_list("prompt_id", "name", "version_id")),
+        "label_moves": list(PromptLabelMove.objects.order_by("pk").values_list("pk", flat=True)),
+        "api_keys": list(ApiKey.objects.order_by("pk").values_list("pk", "revoked_at")),
+    }

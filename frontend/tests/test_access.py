@@ -1,0 +1,269 @@
+"""Who sees what: members and viewers read every page of their workspace; nobody reads another
+workspace's; viewers (and members, for keys) are refused every write, which changes nothing."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from agent_registry.models import Role
+from agent_registry.tests.factories import MembershipFactory, UserFactory
+from frontend.tests.conftest import db_state, page_urls, post_cases
+
+pytestmark = pytest.mark.django_db
+
+PAGES = [
+    "workspace_home",
+    "agent_list",
+    "agent_detail",
+    "requirements_edit",
+    "requirements_history",
+    "requirements_diff",
+    "configuration",
+    "agent_prompt_list",
+    "prompt_list",
+    "prompt_detail",
+    "prompt_diff",
+    "prompt_render",
+    "apikey_list",
+]
+POSTS = [
+    "agent_create",
+    "requirements_save",
+    "requirements_validate",
+    "requirements_activate",
+    "prompt_create",
+    "prompt_version_create",
+    "prompt_label_move",
+    "apikey_create",
+    "apikey_revoke",
+]
+
+
+# The route each case exercises, where its name is not the route's own.
+ROUTE_OF = {
+    "requirements_diff": "requirements_history",
+    "prompt_diff": "prompt_detail",
+    "agent_create": "agent_list",
+    "requirements_save": "requirements_edit",
+    "prompt_create": "agent_prompt_list",
+    "apikey_create": "apikey_list",
+}
+
+
+def _route_names(patterns):
+    for pattern in patterns:
+        if hasattr(pattern, "url_patterns"):
+            yield from _route_names(pattern.url_patterns)
+        else:
+            yield pattern.name
+
+
+def test_the_cases_cover_every_route_of_the_dashboard(tenant):
+    from frontend import urls
+
+    exercised = {ROUTE_OF.get(case, case) for case in [*PAGES, *POSTS]}
+
+    assert set(_route_names(urls.urlpatterns)) == exercised | {"login", "logout", "home"}
+    assert set(page_urls(tenant)) == set(PAGES)
+    assert set(post_cases(tenant)) == set(POSTS)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_for_a_member(tenant, member_client, page):
+    response = member_client.get(page_urls(tenant)[page])
+
+    assert response.status_code == 200
+    assert tenant.workspace.name.encode() in response.content
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_for_a_viewer(tenant, viewer_client, page):
+    assert viewer_client.get(page_urls(tenant)[page]).status_code == 200
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_a_visitor_is_sent_to_sign_in(tenant, page):
+    url = page_urls(tenant)[page]
+
+    response = Client().get(url)
+
+    assert response.status_code == 302
+    assert response["Location"].startswith("/login/?next=")
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_a_member_of_another_workspace_gets_404(tenant, other_tenant, member_client, page):
+    response = member_client.get(page_urls(other_tenant)[page])
+
+    assert response.status_code == 404
+    assert b"Page not found" in response.content
+    assert other_tenant.workspace.name.encode() not in response.content
+
+
+@pytest.mark.parametrize("case", POSTS)
+def test_a_member_of_another_workspace_cannot_write_there(tenant, other_tenant, member_client, case):
+    url, data = post_cases(other_tenant)[case]
+    before = db_state()
+
+    response = member_client.post(url, data)
+
+    assert response.status_code == 404
+    assert db_state() == before
+
+
+def test_ids_of_another_workspace_are_not_found_under_ones_own(tenant, other_tenant, owner_client):
+    ws = tenant.workspace.slug
+    before = db_state()
+
+    assert owner_client.get(f"/w/{ws}/prompts/{other_tenant.prompt.pk}/").status_code == 404
+    assert owner_client.get(f"/w/{ws}/prompts/{other_tenant.prompt.pk}/render/").status_code == 404
+    assert owner_client.get(f"/w/{ws}/keys/{other_tenant.api_key.pk}/revoke/").status_code == 404
+    assert owner_client.post(f"/w/{ws}/keys/{other_tenant.api_key.pk}/revoke/").status_code == 404
+    assert (
+        owner_client.post(
+            f"/w/{ws}/prompts/{other_tenant.prompt.pk}/labels/", {"label": "production", "version": "2"}
+        ).status_code
+        == 404
+    )
+    assert db_state() == before
+
+
+def test_the_same_agent_slug_in_two_workspaces_shows_ones_own(tenant, other_tenant, member_client):
+    response = member_client.get(page_urls(tenant)["agent_prompt_list"])
+
+    assert response.context["agent"] == tenant.agent
+    assert list(response.context["prompts"]) == [tenant.prompt]
+
+
+def test_an_api_key_form_offers_only_the_workspaces_agents(tenant, other_tenant, owner_client):
+    before = db_state()
+
+    response = owner_client.post(
+        f"/w/{tenant.workspace.slug}/keys/", {"name": "k", "scopes": ["ingest"], "agents": [other_tenant.agent.pk]}
+    )
+
+    assert response.status_code == 422
+    assert "Select a valid choice" in response.content.decode()
+    assert db_state() == before
+
+
+@pytest.mark.parametrize("case", POSTS)
+def test_a_viewer_is_refused_every_write_and_nothing_changes(tenant, viewer_client, case):
+    url, data = post_cases(tenant)[case]
+    before = db_state()
+
+    response = viewer_client.post(url, data)
+
+    assert response.status_code == 403
+    assert b"You do not have permission" in response.content
+    assert db_state() == before
+
+
+@pytest.mark.parametrize("case", ["apikey_create", "apikey_revoke"])
+def test_a_member_is_refused_key_management_and_nothing_changes(tenant, member_client, case):
+    url, data = post_cases(tenant)[case]
+    before = db_state()
+
+    response = member_client.post(url, data)
+
+    assert response.status_code == 403
+    assert db_state() == before
+
+
+@pytest.mark.parametrize("case", [case for case in POSTS if not case.startswith("apikey")])
+def test_the_same_writes_succeed_for_a_member(tenant, member_client, case):
+    url, data = post_cases(tenant)[case]
+    before = db_state()
+
+    response = member_client.post(url, data)
+
+    assert response.status_code in (200, 302), response.content.decode()[:2000]
+    if case != "requirements_validate":
+        assert db_state() != before
+
+
+@pytest.mark.parametrize("case", ["apikey_create", "apikey_revoke"])
+def test_key_management_succeeds_for_an_owner(tenant, owner_client, case):
+    url, data = post_cases(tenant)[case]
+    before = db_state()
+
+    response = owner_client.post(url, data)
+
+    assert response.status_code in (200, 302)
+    assert db_state() != before
+
+
+def test_only_owners_see_the_revoke_confirmation(tenant, member_client, owner_client):
+    url = f"/w/{tenant.workspace.slug}/keys/{tenant.api_key.pk}/revoke/"
+
+    assert member_client.get(url).status_code == 403
+    assert owner_client.get(url).status_code == 200
+
+
+def test_a_viewer_sees_no_write_controls(tenant, viewer_client):
+    pages = page_urls(tenant)
+
+    agents = viewer_client.get(pages["agent_list"]).content.decode()
+    editor = viewer_client.get(pages["requirements_edit"]).content.decode()
+    prompt = viewer_client.get(pages["prompt_detail"]).content.decode()
+    keys = viewer_client.get(pages["apikey_list"]).content.decode()
+
+    assert "Create agent" not in agents
+    assert "Save as new version" not in editor
+    assert "hx-post" not in editor
+    assert "Publish a new version" not in prompt
+    assert "Move</button>" not in prompt
+    assert "Create key" not in keys
+    assert "Revoke" not in keys
+
+
+def test_root_redirects_to_the_first_workspace(tenant, member_client):
+    response = member_client.get("/")
+
+    assert response.status_code == 302
+    assert response["Location"] == f"/w/{tenant.workspace.slug}/"
+
+
+def test_root_without_a_workspace_says_so(db):
+    client = Client()
+    client.force_login(UserFactory.create(username="loner"))
+
+    response = client.get("/")
+
+    assert response.status_code == 200
+    assert b"You are not in any workspace yet" in response.content
+
+
+def test_sign_in_and_out(tenant):
+    from agent_registry.tests.factories import PASSWORD
+
+    user = UserFactory.create(username="signer")
+    MembershipFactory.create(workspace=tenant.workspace, user=user, role=Role.VIEWER)
+    client = Client()
+
+    assert client.get("/login/").status_code == 200
+    response = client.post("/login/", {"username": "signer", "password": PASSWORD})
+    assert response.status_code == 302
+    assert client.get(f"/w/{tenant.workspace.slug}/").status_code == 200
+    assert client.get("/logout/").status_code == 405
+    assert client.post("/logout/").status_code == 302
+    assert client.get(f"/w/{tenant.workspace.slug}/").status_code == 302
+
+
+def test_the_admin_link_is_for_staff_only(tenant, member_client):
+    page = page_urls(tenant)["workspace_home"]
+    staff = UserFactory.create(username="root", is_staff=True)
+    MembershipFactory.create(workspace=tenant.workspace, user=staff, role=Role.VIEWER)
+    staff_client = Client()
+    staff_client.force_login(staff)
+
+    assert b"Django admin" not in member_client.get(page).content
+    assert b"Django admin" in staff_client.get(page).content
+
+
+def test_the_workspace_switcher_lists_only_ones_workspaces(tenant, other_tenant, member_client):
+    content = member_client.get(page_urls(tenant)["workspace_home"]).content.decode()
+
+    assert tenant.workspace.name in content
+    assert other_tenant.workspace.name not in content

@@ -1,0 +1,28 @@
+"""Fixtures of the browser tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from django.db import connection
+from pytest_django import DjangoDbBlocker
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _test_database_released(django_db_setup: None, django_db_blocker: DjangoDbBlocker) -> Iterator[None]:
+    """End the sessions that the browser tests leave on the test database, so that it can be dropped.
+
+    Two kinds outlive the tests. The live server answers Chromium's keep-alive connections in threads
+    that keep their database session (CONN_MAX_AGE) until the socket closes, a moment after the page
+    does. And once Playwright's event loop runs in the test thread, Django's connections (kept per
+    context, not only per thread) are other objects than those of the tests that ran before it, so
+    the earlier session is never closed. Depending on `django_db_setup` makes this run before the
+    test database is dropped.
+    """
+    yield
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
