@@ -10,6 +10,7 @@ This module imports nothing from Django: settings call it while they are being b
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import warnings
 from dataclasses import dataclass
@@ -56,6 +57,26 @@ def database_ensure(server: EmbeddedServer, dbname: str) -> None:
             # Another process may create it between our check and our CREATE.
             with contextlib.suppress(psycopg.errors.DuplicateDatabase):
                 connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+
+
+def attached_processes(data_dir: Path, ignore: set[int]) -> list[int]:
+    """Live processes (other than `ignore`) that attached to the server: pgserver records each one."""
+    try:
+        pids = json.loads((data_dir / ".handle_pids.json").read_text())
+    except (OSError, ValueError):
+        return []
+    alive = []
+    for pid in pids if isinstance(pids, list) else []:
+        if not isinstance(pid, int) or pid in ignore:
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            pass  # alive, owned by someone else
+        alive.append(pid)
+    return alive
 
 
 def server_stop(data_dir: Path) -> bool:

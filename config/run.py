@@ -90,7 +90,7 @@ def _children(host: str, port: int) -> list[Child]:
 
 
 def _stop(children: list[Child], timeout: float = 20.0) -> None:
-    for child in children:  # web first: no new work; the worker last, finishing its task
+    for child in children:
         if child.process is not None and child.process.poll() is None:
             _say(f"stopping {child.name}")
             child.process.send_signal(signal.SIGTERM)
@@ -102,12 +102,20 @@ def _stop(children: list[Child], timeout: float = 20.0) -> None:
                 child.process.wait()
 
 
-def _embedded_database_stop() -> None:
+def _embedded_database_stop(children: list[Child]) -> None:
+    """Stop the embedded PostgreSQL, unless Keel processes this run did not start (a test run, a
+    shell) still use it: the server is shared by every Keel process on the machine."""
     from django.conf import settings
 
     from config import embedded_postgres
 
-    if settings.DATABASE_EMBEDDED and embedded_postgres.server_stop(settings.EMBEDDED_DATA_DIR):
+    if not settings.DATABASE_EMBEDDED:
+        return
+    ours = {os.getpid(), *(child.process.pid for child in children if child.process is not None)}
+    others = embedded_postgres.attached_processes(settings.EMBEDDED_DATA_DIR, ignore=ours)
+    if others:
+        _say(f"left the embedded PostgreSQL running: {len(others)} other Keel process(es) use it")
+    elif embedded_postgres.server_stop(settings.EMBEDDED_DATA_DIR):
         _say("stopped the embedded PostgreSQL")
 
 
@@ -120,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
     os.environ.setdefault("KEEL_PUBLIC_URL", f"http://{options.host}:{options.port}")
+    # `make run` serves Keel as people use it: Keel's own error pages, no per-query debug bookkeeping.
+    os.environ.setdefault("DJANGO_DEBUG", "false")
     import django
 
     django.setup()
@@ -179,8 +189,9 @@ def main(argv: list[str] | None = None) -> int:
                     break
             time.sleep(0.3)
     finally:
-        _stop(children)
-        _embedded_database_stop()
+        web, worker, beat = children
+        _stop([web, beat, worker])  # no new requests, no new schedules, then finish the task in hand
+        _embedded_database_stop(children)
     _say("stopped")
     return exit_code
 
