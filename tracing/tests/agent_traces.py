@@ -27,7 +27,11 @@ def refund_conversation(
         extra = {"langfuse.observation.prompt.name": prompt[0], "langfuse.observation.prompt.version": prompt[1]}
     with tracer.start_as_current_span(
         f"invoke_agent {agent}",
-        attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent, "gen_ai.conversation.id": session},
+        attributes={
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": agent,
+            "gen_ai.conversation.id": session,
+        },
     ) as root:
         with tracer.start_as_current_span(
             "chat gpt-4o",
@@ -42,7 +46,12 @@ def refund_conversation(
                         {
                             "role": "assistant",
                             "parts": [
-                                {"type": "tool_call", "id": "call-1", "name": "lookup_trip", "arguments": {"trip_id": "T-1"}}
+                                {
+                                    "type": "tool_call",
+                                    "id": "call-1",
+                                    "name": "lookup_trip",
+                                    "arguments": {"trip_id": "T-1"},
+                                }
                             ],
                         }
                     ]

@@ -1,0 +1,628 @@
+"""A trace's spans as the ordered steps a person reads and triage detectors consume. Pure module, no Django.
+
+`trajectory_view_build` takes the mapped spans of one trace, in any order and possibly incomplete, and
+returns a `TrajectoryView`:
+
+- the span tree, walked depth first with siblings in start-time order. A span whose parent has not
+  arrived (or never will) hangs under the root span; a cycle in parent ids is cut at its earliest span,
+  which then hangs under the root too. With no root span yet, those spans are the top level.
+- the steps: one per span (`llm_call`, `tool_call`, `agent`, `retrieval`, `guardrail`, `event`, `span`),
+  plus a `message` step for each message an LLM call is the first to show (the user's turns, the system
+  prompt, a tool result no tool span recorded). An LLM call's answer lives in its `llm_call` step.
+  A tool result that arrives only as a message, with the assistant's call for it, becomes a
+  `tool_call` step of its own, so agents instrumented only at the LLM client still read as calls.
+- the conversation: each LLM call repeats the history, so every distinct message is kept once, in
+  order (a message repeated later in the dialogue, such as a second "yes", is a new message).
+"""
+
+from __future__ import annotations
+
+import json
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Final, Literal
+
+from tracing.otlp import Span, SpanStatus, SpanType, Usage
+
+StepKind = Literal["message", "tool_call", "llm_call", "retrieval", "guardrail", "agent", "event", "span"]
+TrajectoryStatus = Literal["ok", "error", "running"]
+
+_STEP_KINDS: Final[dict[str, StepKind]] = {
+    "generation": "llm_call",
+    "tool": "tool_call",
+    "agent": "agent",
+    "retriever": "retrieval",
+    "guardrail": "guardrail",
+    "event": "event",
+}
+# The spans whose messages make the conversation; agent spans count only when no LLM span has any.
+_MESSAGE_SOURCE_TYPES: Final = frozenset(("generation",))
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step. Fields that do not apply to a kind are None.
+
+    - message: `role`, `content` (and `tool_call_id` for a tool message)
+    - llm_call: `model`, `input_messages`, `output_message`, `usage`, `cost_usd`
+    - tool_call: `tool_name`, `tool_call_id`, `tool_arguments`, `tool_result`, `error`
+    - agent, retrieval, guardrail, event, span: `input`, `output`
+    """
+
+    index: int
+    span_id: str
+    parent_span_id: str | None
+    depth: int
+    kind: StepKind
+    name: str
+    span_type: SpanType
+    start_time_ns: int
+    end_time_ns: int
+    duration_ns: int
+    status: SpanStatus
+    error: str | None
+    usage: Usage | None = None
+    cost_usd: float | None = None
+    role: str | None = None
+    content: Any = None
+    model: str | None = None
+    input_messages: tuple[dict[str, Any], ...] | None = None
+    output_message: dict[str, Any] | None = None
+    tool_name: str | None = None
+    tool_call_id: str | None = None
+    tool_arguments: Any = None
+    tool_result: Any = None
+    input: Any = None
+    output: Any = None
+    agent_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool call, recorded by a tool span (`source="span"`) or read from the messages (`"messages"`)."""
+
+    name: str
+    call_id: str | None
+    arguments: Any
+    result: Any
+    error: str | None
+    status: SpanStatus
+    span_id: str
+    step_index: int
+    source: Literal["span", "messages"]
+
+
+@dataclass(frozen=True, slots=True)
+class PromptUse:
+    name: str | None
+    version: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    cache_read_tokens: int
+    reasoning_tokens: int
+    cost_usd: float | None
+    duration_ns: int
+    span_count: int
+    step_count: int
+    llm_call_count: int
+    tool_call_count: int
+    error_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryView:
+    """A trace read as a trajectory.
+
+    `status` is "error" when any span ended in error, else "running" while the root span (the one
+    without a parent, which OpenTelemetry exports last) has not arrived, else "ok".
+    Token and cost totals count each span's own figures, except where a descendant reports the same
+    figure: an agent span that sums its LLM calls is not counted on top of them.
+    """
+
+    trace_id: str
+    status: TrajectoryStatus
+    root_span_id: str | None
+    root_span_name: str | None
+    start_time_ns: int
+    end_time_ns: int
+    steps: tuple[Step, ...]
+    conversation: tuple[dict[str, Any], ...]
+    tool_calls: tuple[ToolCall, ...]
+    totals: Totals
+    session_id: str | None
+    user_id: str | None
+    agent_name: str | None
+    tags: tuple[str, ...]
+    prompt_versions: tuple[PromptUse, ...]
+    tool_definitions: tuple[dict[str, Any], ...]
+    task_id: str | None
+    reward: float | None
+
+
+# --- Tree ---------------------------------------------------------------------------------------------
+
+
+def _sort_key(span: Span) -> tuple[int, str]:
+    return (span.start_time_ns, span.span_id)
+
+
+@dataclass(slots=True)
+class _Tree:
+    ordered: list[tuple[Span, int, str | None]]  # span, depth, effective parent id
+    root: Span | None
+
+
+def _tree(spans: Sequence[Span]) -> _Tree:
+    by_id: dict[str, Span] = {}
+    for span in spans:
+        by_id.setdefault(span.span_id, span)
+    parent_of: dict[str, str | None] = {}
+    orphans: set[str] = set()
+    roots: list[Span] = []
+    for span_id, span in by_id.items():
+        parent = span.parent_span_id
+        if parent is None:
+            parent_of[span_id] = None
+            roots.append(span)
+        elif parent in by_id and parent != span_id:
+            parent_of[span_id] = parent
+        else:
+            parent_of[span_id] = None
+            orphans.add(span_id)
+
+    # Cut cycles: walk up from every span; a walk that meets itself cuts its earliest member loose.
+    state: dict[str, int] = {}
+    for start in by_id:
+        path: list[str] = []
+        current: str | None = start
+        while current is not None and current not in state:
+            state[current] = 1
+            path.append(current)
+            current = parent_of[current]
+        if current is not None and state[current] == 1:
+            cycle = path[path.index(current) :]
+            cut = min(cycle, key=lambda span_id: _sort_key(by_id[span_id]))
+            parent_of[cut] = None
+            orphans.add(cut)
+        for span_id in path:
+            state[span_id] = 2
+
+    root = min(roots, key=_sort_key) if roots else None
+    children: dict[str | None, list[Span]] = {}
+    for span_id, span in by_id.items():
+        parent = parent_of[span_id]
+        if parent is None and root is not None and span_id in orphans:
+            parent = root.span_id
+            parent_of[span_id] = parent
+        children.setdefault(parent, []).append(span)
+    for siblings in children.values():
+        siblings.sort(key=_sort_key)
+
+    ordered: list[tuple[Span, int, str | None]] = []
+    stack: list[tuple[Span, int]] = [(span, 0) for span in reversed(children.get(None, []))]
+    while stack:
+        span, depth = stack.pop()
+        ordered.append((span, depth, parent_of[span.span_id]))
+        stack.extend((child, depth + 1) for child in reversed(children.get(span.span_id, [])))
+    return _Tree(ordered=ordered, root=root)
+
+
+# --- Conversation -------------------------------------------------------------------------------------
+
+
+def _canonical(value: Any) -> str:
+    """A value as text that compares equal when the values do (key order aside)."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    except (TypeError, ValueError, RecursionError):
+        # Keys of mixed types, or nesting past the interpreter's limit: equal only to itself.
+        return f"<{type(value).__name__} {id(value)}>"
+
+
+@lru_cache(maxsize=4096)
+def _canonical_arguments(arguments: str) -> str:
+    try:
+        parsed = json.loads(arguments)
+    except (ValueError, RecursionError):
+        return arguments
+    return _canonical(parsed)
+
+
+def _call_parts(call: Any) -> tuple[str | None, str, str]:
+    """(id, name, canonical arguments) of an OpenAI-style tool call."""
+    if not isinstance(call, dict):
+        return None, "", ""
+    function = call.get("function")
+    if not isinstance(function, dict):
+        function = {}
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str):
+        arguments = _canonical(arguments)
+    call_id = call.get("id")
+    return (
+        (call_id if isinstance(call_id, str) else None),
+        str(function.get("name") or ""),
+        _canonical_arguments(arguments),
+    )
+
+
+def _key_text(value: Any) -> str:
+    return "" if value is None else _canonical(value)
+
+
+def _message_key(message: dict[str, Any]) -> tuple[Any, ...]:
+    # Ids of tool calls are left out: some conventions drop them on the way back into the history.
+    calls = message.get("tool_calls")
+    call_key = tuple(_call_parts(call)[1:] for call in calls) if isinstance(calls, list) else ()
+    return (
+        _key_text(message.get("role")),
+        _key_text(message.get("content")),
+        _key_text(message.get("tool_call_id")),
+        call_key,
+    )
+
+
+def _messages(value: Any) -> list[dict[str, Any]] | None:
+    if isinstance(value, list) and value and all(isinstance(item, dict) and "role" in item for item in value):
+        return value
+    return None
+
+
+class _Conversation:
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self._positions: dict[tuple[Any, ...], list[int]] = {}
+
+    def absorb(self, incoming: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Add what this call shows for the first time; returns those messages.
+
+        Each message is looked for after the previous match, so a history repeated (or cut short) by
+        the next call matches what is known, and a message said again later in the dialogue is new.
+        """
+        pointer = 0
+        new: list[dict[str, Any]] = []
+        for message in incoming:
+            key = _message_key(message)
+            positions = self._positions.setdefault(key, [])
+            at = bisect_left(positions, pointer)
+            if at < len(positions):
+                pointer = positions[at] + 1
+                continue
+            positions.append(len(self.messages))
+            self.messages.append(message)
+            pointer = len(self.messages)
+            new.append(message)
+        return new
+
+
+# --- Building -----------------------------------------------------------------------------------------
+
+
+def _error_text(span: Span) -> str | None:
+    if span.error_message:
+        return span.error_message
+    if span.error_type:
+        return span.error_type
+    if span.status == "error":
+        return span.status_message or "error"
+    return None
+
+
+class _Builder:
+    def __init__(self, tree: _Tree) -> None:
+        self.tree = tree
+        self.steps: list[Step] = []
+        self.tool_calls: list[ToolCall] = []
+        self.conversation = _Conversation()
+        # Tool calls recorded by tool spans, by call id and by (name, arguments), to match tool messages.
+        self.recorded_ids: set[str] = set()
+        self.recorded_signatures: Counter[tuple[str, str]] = Counter()
+        # The assistant's tool calls seen so far: id -> (name, arguments).
+        self.requested: dict[str, tuple[str, Any]] = {}
+
+    def _base(self, span: Span, depth: int, parent: str | None, kind: StepKind) -> dict[str, Any]:
+        return {
+            "index": len(self.steps),
+            "span_id": span.span_id,
+            "parent_span_id": parent,
+            "depth": depth,
+            "kind": kind,
+            "name": span.name,
+            "span_type": span.span_type,
+            "start_time_ns": span.start_time_ns,
+            "end_time_ns": span.end_time_ns,
+            "duration_ns": span.end_time_ns - span.start_time_ns,
+            "status": span.status,
+            "error": _error_text(span),
+            "agent_name": span.agent_name,
+        }
+
+    def build(self) -> None:
+        has_llm_messages = any(
+            span.span_type in _MESSAGE_SOURCE_TYPES and (_messages(span.input) or _messages(span.output))
+            for span, _, _ in self.tree.ordered
+        )
+        for span, depth, parent in self.tree.ordered:
+            kind = _STEP_KINDS.get(span.span_type, "span")
+            if kind == "llm_call":
+                self._llm_call(span, depth, parent)
+            elif kind == "tool_call":
+                self._tool_span(span, depth, parent)
+            else:
+                if not has_llm_messages:
+                    # Without LLM spans that carry messages, an agent span's messages are the dialogue.
+                    self.conversation.absorb(_messages(span.input) or ())
+                    self.conversation.absorb(_messages(span.output) or ())
+                self.steps.append(
+                    Step(
+                        **self._base(span, depth, parent, kind),
+                        input=span.input,
+                        output=span.output,
+                        usage=None if span.usage.is_empty else span.usage,
+                        cost_usd=span.cost_usd,
+                    )
+                )
+
+    def _tool_span(self, span: Span, depth: int, parent: str | None) -> None:
+        name = span.tool_name or span.name
+        arguments = span.tool_arguments
+        if span.tool_call_id:
+            self.recorded_ids.add(span.tool_call_id)
+        argument_text = _canonical(arguments)
+        self.recorded_signatures[(name, _canonical_arguments(argument_text))] += 1
+        step = Step(
+            **self._base(span, depth, parent, "tool_call"),
+            tool_name=name,
+            tool_call_id=span.tool_call_id,
+            tool_arguments=arguments,
+            tool_result=span.tool_result,
+            input=span.input,
+            output=span.output,
+            cost_usd=span.cost_usd,
+        )
+        self.steps.append(step)
+        self.tool_calls.append(
+            ToolCall(
+                name=name,
+                call_id=span.tool_call_id,
+                arguments=arguments,
+                result=span.tool_result,
+                error=step.error,
+                status=span.status,
+                span_id=span.span_id,
+                step_index=step.index,
+                source="span",
+            )
+        )
+
+    def _llm_call(self, span: Span, depth: int, parent: str | None) -> None:
+        inputs = _messages(span.input)
+        outputs = _messages(span.output)
+        for message in self.conversation.absorb(inputs or ()):
+            self._new_input_message(span, depth, parent, message)
+        self.steps.append(
+            Step(
+                **self._base(span, depth, parent, "llm_call"),
+                model=span.model,
+                input_messages=tuple(inputs) if inputs is not None else None,
+                output_message=outputs[0] if outputs else None,
+                usage=span.usage,
+                cost_usd=span.cost_usd,
+                input=None if inputs is not None else span.input,
+                output=None if outputs is not None else span.output,
+            )
+        )
+        self.conversation.absorb(outputs or ())
+        for message in outputs or ():
+            self._remember_requests(message)
+
+    def _remember_requests(self, message: dict[str, Any]) -> None:
+        calls = message.get("tool_calls")
+        if not isinstance(calls, list):
+            return
+        for call in calls:
+            call_id, name, arguments = _call_parts(call)
+            if call_id:
+                function = call.get("function") if isinstance(call, dict) else None
+                raw = function.get("arguments") if isinstance(function, dict) else arguments
+                self.requested[call_id] = (name, raw)
+
+    def _new_input_message(self, span: Span, depth: int, parent: str | None, message: dict[str, Any]) -> None:
+        role = message.get("role")
+        if role == "assistant":
+            self._remember_requests(message)
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            requested = self.requested.get(call_id) if isinstance(call_id, str) else None
+            if isinstance(call_id, str) and call_id in self.recorded_ids:
+                return
+            if requested is not None:
+                name, arguments = requested
+                text = _canonical(arguments)
+                signature = (name, _canonical_arguments(text))
+                if self.recorded_signatures[signature] > 0:
+                    self.recorded_signatures[signature] -= 1
+                    return
+                self._tool_from_messages(span, depth, parent, name, call_id, arguments, message.get("content"))
+                return
+        base = self._base(span, depth, parent, "message")
+        base.update(
+            {
+                "end_time_ns": span.start_time_ns,
+                "duration_ns": 0,
+                "status": "unset",
+                "error": None,
+            }
+        )
+        self.steps.append(
+            Step(
+                **base,
+                role=role if isinstance(role, str) else None,
+                content=message.get("content"),
+                tool_call_id=message.get("tool_call_id"),
+            )
+        )
+
+    def _tool_from_messages(
+        self, span: Span, depth: int, parent: str | None, name: str, call_id: Any, arguments: Any, result: Any
+    ) -> None:
+        base = self._base(span, depth, parent, "tool_call")
+        base.update(
+            {"end_time_ns": span.start_time_ns, "duration_ns": 0, "status": "unset", "error": None, "span_type": "tool"}
+        )
+        parsed_arguments = _parse(arguments)
+        parsed_result = _parse(result)
+        step = Step(
+            **base,
+            tool_name=name,
+            tool_call_id=call_id,
+            tool_arguments=parsed_arguments,
+            tool_result=parsed_result,
+        )
+        self.steps.append(step)
+        self.tool_calls.append(
+            ToolCall(
+                name=name,
+                call_id=call_id,
+                arguments=parsed_arguments,
+                result=parsed_result,
+                error=None,
+                status="unset",
+                span_id=span.span_id,
+                step_index=step.index,
+                source="messages",
+            )
+        )
+
+
+def _parse(value: Any) -> Any:
+    if isinstance(value, str) and value[:1] in ("{", "["):
+        try:
+            return json.loads(value)
+        except (ValueError, RecursionError):
+            return value
+    return value
+
+
+def _own_figures(tree: _Tree) -> tuple[dict[str, Usage], dict[str, float]]:
+    """Each span's usage and cost, left out where a descendant reports the same figure."""
+    usage: dict[str, Usage] = {}
+    cost: dict[str, float] = {}
+    below_usage: set[str] = set()
+    below_cost: set[str] = set()
+    # The walk is depth first, so reversed it visits every child before its parent.
+    for span, _, parent in reversed(tree.ordered):
+        span_id = span.span_id
+        if not span.usage.is_empty:
+            if span_id not in below_usage:
+                usage[span_id] = span.usage
+            if parent is not None:
+                below_usage.add(parent)
+        if span_id in below_usage and parent is not None:
+            below_usage.add(parent)
+        if span.cost_usd is not None:
+            if span_id not in below_cost:
+                cost[span_id] = span.cost_usd
+            if parent is not None:
+                below_cost.add(parent)
+        if span_id in below_cost and parent is not None:
+            below_cost.add(parent)
+    return usage, cost
+
+
+def _totals(tree: _Tree, steps: list[Step], tool_calls: list[ToolCall]) -> Totals:
+    usage, cost = _own_figures(tree)
+    input_tokens = output_tokens = total_tokens = cache_read = reasoning = 0
+    for figures in usage.values():
+        input_tokens += figures.input_tokens or 0
+        output_tokens += figures.output_tokens or 0
+        total_tokens += (
+            figures.total_tokens
+            if figures.total_tokens is not None
+            else (figures.input_tokens or 0) + (figures.output_tokens or 0)
+        )
+        cache_read += figures.cache_read_tokens or 0
+        reasoning += figures.reasoning_tokens or 0
+    spans = [span for span, _, _ in tree.ordered]
+    start = min((span.start_time_ns for span in spans), default=0)
+    end = max((span.end_time_ns for span in spans), default=0)
+    return Totals(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        total_tokens=total_tokens,
+        cache_read_tokens=cache_read,
+        reasoning_tokens=reasoning,
+        cost_usd=sum(cost.values()) if cost else None,
+        duration_ns=end - start,
+        span_count=len(spans),
+        step_count=len(steps),
+        llm_call_count=sum(1 for step in steps if step.kind == "llm_call"),
+        tool_call_count=len(tool_calls),
+        error_count=sum(1 for span in spans if span.status == "error"),
+    )
+
+
+def _first_value(spans: Iterable[Span], field: str) -> Any:
+    for span in spans:
+        value = getattr(span, field)
+        if value is not None:
+            return value
+    return None
+
+
+def trajectory_view_build(spans: Iterable[Span], *, trace_id: str | None = None) -> TrajectoryView:
+    """Assemble the trajectory of one trace from its spans, in any order, possibly incomplete."""
+    span_list = list(spans)
+    tree = _tree(span_list)
+    builder = _Builder(tree)
+    builder.build()
+    ordered_spans = [span for span, _, _ in tree.ordered]
+    # Trace-level facts come from the root first, then from the other spans in reading order.
+    reading = ([tree.root] if tree.root is not None else []) + ordered_spans
+
+    prompt_versions: dict[tuple[str | None, str | None], None] = {}
+    tags: dict[str, None] = {}
+    definitions: dict[str, dict[str, Any]] = {}
+    for span in ordered_spans:
+        if span.prompt_name is not None or span.prompt_version is not None:
+            prompt_versions.setdefault((span.prompt_name, span.prompt_version), None)
+        for tag in span.tags:
+            tags.setdefault(tag, None)
+        for definition in span.tool_definitions:
+            function = definition.get("function")
+            name = function.get("name") if isinstance(function, dict) else None
+            definitions.setdefault(str(name), definition)
+
+    error_count = sum(1 for span in ordered_spans if span.status == "error")
+    status: TrajectoryStatus = "error" if error_count else "running" if tree.root is None else "ok"
+    totals = _totals(tree, builder.steps, builder.tool_calls)
+    return TrajectoryView(
+        trace_id=trace_id or (span_list[0].trace_id if span_list else ""),
+        status=status,
+        root_span_id=tree.root.span_id if tree.root is not None else None,
+        root_span_name=tree.root.name if tree.root is not None else None,
+        start_time_ns=min((span.start_time_ns for span in ordered_spans), default=0),
+        end_time_ns=max((span.end_time_ns for span in ordered_spans), default=0),
+        steps=tuple(builder.steps),
+        conversation=tuple(builder.conversation.messages),
+        tool_calls=tuple(builder.tool_calls),
+        totals=totals,
+        session_id=_first_value(reading, "session_id"),
+        user_id=_first_value(reading, "user_id"),
+        agent_name=_first_value(reading, "agent_name"),
+        tags=tuple(tags),
+        prompt_versions=tuple(PromptUse(name=name, version=version) for name, version in prompt_versions),
+        tool_definitions=tuple(definitions.values()),
+        task_id=_first_value(reading, "task_id"),
+        reward=_first_value(reading, "reward"),
+    )
