@@ -89,6 +89,7 @@ def _agent_out(agent: Agent) -> dict[str, Any]:
         "status": agent.status,
         "owner": agent.owner.get_username() if agent.owner else None,
         "requirements_version": agent.current_requirements.version if agent.current_requirements else None,
+        "trace_retention_days": agent.trace_retention_days,
         "created_at": agent.created_at,
         "updated_at": agent.updated_at,
     }

@@ -75,6 +75,8 @@ class Agent(models.Model):
     description = models.TextField(blank=True)
     owner = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="owned_agents")
     status = models.CharField(max_length=16, choices=AgentStatus.choices, default=AgentStatus.DRAFT)
+    # Trajectories that ended longer ago than this are deleted (in batches, by a scheduled task); None keeps them.
+    trace_retention_days = models.PositiveIntegerField(null=True, blank=True)
     # The requirements version in force; saving answers creates a version and moves this pointer.
     current_requirements = models.OneToOneField(
         "RequirementsVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="+"

@@ -37,6 +37,7 @@ class AgentPatch(Schema):
     name: str | None = Field(None, min_length=1, max_length=200)
     description: str | None = Field(None, max_length=10_000)
     status: AgentStatus | None = None
+    trace_retention_days: int | None = Field(None, ge=1, le=3650, description="delete trajectories older than this")
 
 
 class AgentOut(Schema):
@@ -46,6 +47,7 @@ class AgentOut(Schema):
     status: str
     owner: str | None
     requirements_version: int | None
+    trace_retention_days: int | None
     created_at: datetime
     updated_at: datetime
 

@@ -155,7 +155,7 @@ def agent_create(
 
 
 def agent_update(*, agent: Agent, fields: Mapping[str, Any]) -> Agent:
-    allowed = {"name", "description", "status", "owner"}
+    allowed = {"name", "description", "status", "owner", "trace_retention_days"}
     for field, value in fields.items():
         if field not in allowed:
             raise exceptions.AgentInvalid(

@@ -708,3 +708,12 @@ def trajectory_retention_apply(*, agent: Agent, days: int, batch_size: int = 100
             Span.objects.filter(trajectory_id__in=ids).delete()
             Trajectory.objects.filter(pk__in=ids).delete()
         deleted += len(ids)
+
+
+def trajectory_retention_sweep() -> dict[int, int]:
+    """Apply every agent's retention; returns agent id → trajectories deleted."""
+    deleted = {}
+    for agent in Agent.objects.filter(trace_retention_days__isnull=False):
+        assert agent.trace_retention_days is not None
+        deleted[agent.pk] = trajectory_retention_apply(agent=agent, days=agent.trace_retention_days)
+    return deleted

@@ -5,7 +5,8 @@ from __future__ import annotations
 from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
-from tracing import services
+from tracing import replay, services
+from tracing.exceptions import ReplayProviderUnavailable
 
 
 @shared_task(
@@ -28,3 +29,32 @@ def ingest_batch_sweep() -> None:
     """Scheduled by beat: hand batches whose message or worker was lost to a worker again."""
     for batch_id in services.ingest_batch_sweep():
         span_batch_process.delay(batch_id)
+
+
+@shared_task(
+    name="tracing.replay_execute",
+    acks_late=True,
+    ignore_result=True,
+    autoretry_for=(ReplayProviderUnavailable,),
+    retry_backoff=True,
+    retry_backoff_max=300,
+    max_retries=replay.MAX_ATTEMPTS - 1,
+    soft_time_limit=replay.SOFT_TIME_LIMIT_SECONDS,
+    time_limit=replay.TIME_LIMIT_SECONDS,
+)
+def replay_execute(replay_id: int) -> None:
+    """Run one counterfactual replay; a finished replay is skipped, so a redelivery is harmless."""
+    replay.replay_execute(replay_id=replay_id)
+
+
+@shared_task(name="tracing.replay_sweep", ignore_result=True, soft_time_limit=50, time_limit=60)
+def replay_sweep() -> None:
+    """Scheduled by beat: hand replays whose message or worker was lost to a worker again."""
+    for replay_id in replay.replay_sweep():
+        replay_execute.delay(replay_id)
+
+
+@shared_task(name="tracing.trajectory_retention_sweep", ignore_result=True, soft_time_limit=3000, time_limit=3600)
+def trajectory_retention_sweep() -> None:
+    """Scheduled by beat, daily: delete each agent's trajectories older than its retention."""
+    services.trajectory_retention_sweep()

@@ -8,7 +8,17 @@ from agent_registry.tests.factories import AgentFactory, requirements_answers
 
 pytestmark = pytest.mark.django_db
 
-AGENT_KEYS = ["slug", "name", "description", "status", "owner", "requirements_version", "created_at", "updated_at"]
+AGENT_KEYS = [
+    "slug",
+    "name",
+    "description",
+    "status",
+    "owner",
+    "requirements_version",
+    "trace_retention_days",
+    "created_at",
+    "updated_at",
+]
 
 
 def test_workspace(workspace, api_client_for):
@@ -349,3 +359,21 @@ def test_agent_configuration_when_the_latency_wall_rules_out_every_tier(workspac
     assert response.status_code == 200
     assert response.json()["router"]["value"]["default_tier"] is None
     assert response.json()["allowed_tiers"]["value"] == []
+
+
+def test_agent_retention_is_set_and_cleared(workspace, registry, api_client_for):
+    client = api_client_for(workspace)
+
+    set_days = client.patch(
+        "/api/v1/agents/support", data={"trace_retention_days": 30}, content_type="application/json"
+    )
+    zero = client.patch("/api/v1/agents/support", data={"trace_retention_days": 0}, content_type="application/json")
+    assert (set_days.status_code, set_days.json()["trace_retention_days"]) == (200, 30)
+    assert zero.status_code == 422
+    assert Agent.objects.get(pk=registry.support.pk).trace_retention_days == 30
+
+    cleared = client.patch(
+        "/api/v1/agents/support", data={"trace_retention_days": None}, content_type="application/json"
+    )
+    assert (cleared.status_code, cleared.json()["trace_retention_days"]) == (200, None)
+    assert Agent.objects.get(pk=registry.support.pk).trace_retention_days is None
