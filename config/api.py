@@ -17,6 +17,7 @@ from agent_registry.api import langfuse_router
 from agent_registry.api import router as registry_router
 from config.errors import KeelError
 from tracing.api import router as tracing_router
+from tracing.langfuse_api import router as langfuse_mirror_router
 
 logger = logging.getLogger("config.api")
 
@@ -106,6 +107,7 @@ api = NinjaAPI(
 )
 api.add_router("/", registry_router)
 api.add_router("/", tracing_router)
+api.add_router("/", langfuse_mirror_router)
 _install_error_handlers(api)
 
 langfuse_api = NinjaAPI(

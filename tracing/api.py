@@ -17,9 +17,9 @@ from agent_registry import selectors as registry_selectors
 from agent_registry.auth import key_auth, request_agent_ids, request_api_key, request_workspace
 from agent_registry.models import Scope
 from agent_registry.schemas import ErrorOut
-from tracing import selectors, services
+from tracing import replay, selectors, services
 from tracing.exceptions import TrajectoryListInvalid
-from tracing.models import Score, Trajectory
+from tracing.models import Replay, Score, Trajectory
 from tracing.steps import TrajectoryView
 
 router = Router(tags=["tracing"])
@@ -358,4 +358,205 @@ def model_price_set_api(request: HttpRequest, payload: ModelPriceIn) -> Any:
         "input_usd_per_million": price.input_usd_per_million,
         "output_usd_per_million": price.output_usd_per_million,
         "cache_read_usd_per_million": price.cache_read_usd_per_million,
+    }
+
+
+# --- Replays ----------------------------------------------------------------------------------------
+
+REPLAY_ERRORS: dict[int, type[Schema]] = {**ERRORS, 409: ErrorOut}
+
+
+class ReplayPromptVersionIn(Schema):
+    name: str = Field(min_length=1, max_length=200)
+    version: int = Field(ge=1)
+
+
+class ReplayIn(Schema):
+    from_step: int = Field(
+        ge=0, description="a step index of the original; the replay re-makes the first model call at or after it"
+    )
+    prompt_version: ReplayPromptVersionIn | None = Field(
+        None, description="its rendered system prompt replaces the recorded one; null keeps the recorded prompt"
+    )
+    model: str | None = Field(
+        None, min_length=1, max_length=300, description="a litellm model string; null replays with the recorded model"
+    )
+    divergence: Literal["stop", "stub"] = Field(
+        "stop", description="at a tool call with no recorded match: stop there, or serve a stub result and go on"
+    )
+    stub_result: Any = Field(None, description='the result served at a divergence under "stub"; null: a generic stub')
+    max_steps: int = Field(replay.DEFAULT_MAX_STEPS, ge=1, le=replay.MAX_STEPS_LIMIT, description="model calls at most")
+
+
+class ReplayProgressOut(Schema):
+    steps_done: int
+    steps_planned: int
+
+
+class ReplayDivergenceOut(Schema):
+    step: int | None
+    tool_name: str
+    arguments: Any
+
+
+class ReplayPromptVersionOut(Schema):
+    name: str
+    version: int
+
+
+class ReplayOut(Schema):
+    id: int
+    status: Literal["pending", "running", "done", "stopped_divergence", "failed"]
+    original_trace_id: str
+    replay_trace_id: str | None
+    from_step: int
+    prompt_version: ReplayPromptVersionOut | None
+    model: str
+    divergence_policy: Literal["stop", "stub"]
+    stub_result: Any
+    max_steps: int
+    progress: ReplayProgressOut
+    divergence: ReplayDivergenceOut | None
+    error: str
+    attempts: int
+    created_at: datetime
+    claimed_at: datetime | None
+    finished_at: datetime | None
+
+
+class ReplayFieldChangeOut(Schema):
+    field: str
+    original: Any
+    replay: Any
+
+
+class ReplayStepPairOut(Schema):
+    status: Literal["same", "changed", "only_in_original", "only_in_replay"]
+    replayed: bool
+    original_index: int | None
+    replay_index: int | None
+    kind: str
+    label: str
+    changes: list[ReplayFieldChangeOut]
+
+
+class ReplaySideTotalsOut(Schema):
+    steps: int
+    llm_calls: int
+    tool_calls: int
+    errors: int
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    cost_usd: float | None
+    latency_ms: float
+
+
+class ReplayTotalsOut(Schema):
+    original: ReplaySideTotalsOut
+    replay: ReplaySideTotalsOut
+
+
+class ReplayDiffOut(Schema):
+    replay_id: int
+    original_trace_id: str
+    replay_trace_id: str
+    from_step: int
+    original_start: int | None
+    replay_start: int | None
+    first_difference: int | None = Field(description="the position in `steps` where the replayed part first differs")
+    steps: list[ReplayStepPairOut]
+    totals: ReplayTotalsOut
+    replayed_totals: ReplayTotalsOut
+
+
+def _replay_out(found: Replay) -> dict[str, Any]:
+    version = found.prompt_version
+    diverged = bool(found.divergence_tool_name)
+    return {
+        "id": found.pk,
+        "status": found.status,
+        "original_trace_id": found.original.trace_id,
+        "replay_trace_id": found.replay_trajectory.trace_id if found.replay_trajectory else None,
+        "from_step": found.from_step,
+        "prompt_version": {"name": version.prompt.name, "version": version.version} if version else None,
+        "model": found.model,
+        "divergence_policy": found.divergence_policy,
+        "stub_result": found.stub_result,
+        "max_steps": found.max_steps,
+        "progress": {"steps_done": found.steps_done, "steps_planned": found.steps_planned},
+        "divergence": (
+            {
+                "step": found.divergence_step,
+                "tool_name": found.divergence_tool_name,
+                "arguments": found.divergence_arguments,
+            }
+            if diverged
+            else None
+        ),
+        "error": found.error,
+        "attempts": found.attempts,
+        "created_at": found.created_at,
+        "claimed_at": found.claimed_at,
+        "finished_at": found.finished_at,
+    }
+
+
+@router.post("/trajectories/{trace_id}/replays", auth=WRITE, response={202: ReplayOut, **REPLAY_ERRORS})
+def replay_create_api(request: HttpRequest, trace_id: str, payload: ReplayIn) -> Any:
+    """Re-run a finished trajectory from one of its steps with another prompt version and/or model. Tool
+    calls are served from the recording; a worker runs it: poll `GET /api/v1/replays/{id}`."""
+    workspace = request_workspace(request)
+    agent_ids = request_agent_ids(request)
+    original = selectors.trajectory_get(workspace=workspace, trace_id=trace_id, agent_ids=agent_ids)
+    prompt_version = None
+    if payload.prompt_version is not None:
+        prompt_version = registry_selectors.prompt_version_resolve(
+            workspace=workspace,
+            name=payload.prompt_version.name,
+            version=payload.prompt_version.version,
+            agent_ids=agent_ids,
+        )
+    created = replay.replay_create(
+        original=original,
+        from_step=payload.from_step,
+        prompt_version=prompt_version,
+        model=payload.model or "",
+        divergence_policy=payload.divergence,
+        stub_result=payload.stub_result,
+        max_steps=payload.max_steps,
+        created_via_key=request_api_key(request),
+    )
+    return Status(202, _replay_out(created))
+
+
+@router.get("/trajectories/{trace_id}/replays", auth=READ, response={200: list[ReplayOut], **ERRORS})
+def replay_list_api(request: HttpRequest, trace_id: str) -> Any:
+    original = selectors.trajectory_get(
+        workspace=request_workspace(request), trace_id=trace_id, agent_ids=request_agent_ids(request)
+    )
+    return [_replay_out(found) for found in selectors.replay_list(trajectory=original)]
+
+
+@router.get("/replays/{replay_id}", auth=READ, response={200: ReplayOut, **ERRORS})
+def replay_get_api(request: HttpRequest, replay_id: int) -> Any:
+    """A replay's status, progress (model calls done / planned), divergence and new trace id."""
+    found = selectors.replay_get(
+        workspace=request_workspace(request), replay_id=replay_id, agent_ids=request_agent_ids(request)
+    )
+    return _replay_out(found)
+
+
+@router.get("/replays/{replay_id}/diff", auth=READ, response={200: ReplayDiffOut, **REPLAY_ERRORS})
+def replay_diff_api(request: HttpRequest, replay_id: int) -> Any:
+    """Where a finished replay parts from its original: the steps side by side, and the totals."""
+    found = selectors.replay_get(
+        workspace=request_workspace(request), replay_id=replay_id, agent_ids=request_agent_ids(request)
+    )
+    diff = selectors.replay_diff_get(replay=found)
+    return {
+        "replay_id": found.pk,
+        "original_trace_id": found.original.trace_id,
+        "replay_trace_id": found.replay_trajectory.trace_id if found.replay_trajectory else "",
+        **dataclasses.asdict(diff),
     }

@@ -1,6 +1,7 @@
 """Errors of tracing: ingest, trajectories, scores."""
 
 from config.errors import (
+    Conflict,
     KeelError,
     NotFound,
     PayloadTooLarge,
@@ -50,3 +51,33 @@ class TrajectoryListInvalid(ValidationFailed):
 
 class SessionNotFound(NotFound):
     code = "session_not_found"
+
+
+class ReplayNotFound(NotFound):
+    code = "replay_not_found"
+
+
+class ReplayInvalid(ValidationFailed):
+    """A replay that cannot run as asked: no such step, no model call to re-make, no model, ..."""
+
+    code = "replay_invalid"
+
+
+class ReplayConflict(Conflict):
+    """The trajectory or the replay is not in a state that allows this yet (still running, not finished)."""
+
+    code = "replay_conflict"
+
+
+class ReplayProviderUnavailable(Unavailable):
+    """The model provider failed in a way that may pass (rate limit, timeout, outage): the task retries."""
+
+    code = "provider_unavailable"
+
+
+class LangfuseMirrorInvalid(ValidationFailed):
+    code = "langfuse_settings_invalid"
+
+
+class LangfuseMirrorNotFound(NotFound):
+    code = "langfuse_mirror_not_found"

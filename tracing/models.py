@@ -224,3 +224,158 @@ class ModelPriceOverride(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model}: ${self.input_usd_per_million}/${self.output_usd_per_million} per 1M tokens"
+
+
+class ReplayStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    RUNNING = "running", "Running"
+    DONE = "done", "Done"
+    STOPPED_DIVERGENCE = "stopped_divergence", "Stopped at a divergence"
+    FAILED = "failed", "Failed"
+
+
+class DivergencePolicy(models.TextChoices):
+    """What a replay does when the model calls a tool with arguments the recording never saw."""
+
+    STOP = "stop", "Stop there"
+    STUB = "stub", "Serve a stub result and go on"
+
+
+class Replay(models.Model):
+    """A counterfactual re-run of a trajectory from one of its steps, with another prompt version and/or model.
+
+    The row is the unit of work (DESIGN.md, "Where work state lives"): a worker claims it, calls the
+    model, serves tool calls from the recording, and stores what happened as a new trajectory whose
+    `replay_of` points back at `original`. `trace_id` is fixed at creation, so a retried run writes the
+    same trace.
+    """
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+    original = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="replay_runs")
+    # An index into the original's steps (tracing.steps.TrajectoryView.steps); the replay re-makes the
+    # first model call at or after it, with everything before it as the recorded history.
+    from_step = models.PositiveIntegerField()
+    prompt_version = models.ForeignKey(
+        PromptVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # A litellm model string; blank replays with the model the original called at that step.
+    model = models.CharField(max_length=300, blank=True)
+    divergence_policy = models.CharField(max_length=8, choices=DivergencePolicy.choices, default=DivergencePolicy.STOP)
+    # The result served for an unmatched tool call under the "stub" policy; null serves a generic stub.
+    stub_result = models.JSONField(null=True, blank=True)
+    max_steps = models.PositiveSmallIntegerField(default=20)
+    status = models.CharField(max_length=20, choices=ReplayStatus.choices, default=ReplayStatus.PENDING)
+    # Progress in model calls: done so far, and how many the original made from the same point.
+    steps_done = models.PositiveIntegerField(default=0)
+    steps_planned = models.PositiveIntegerField(default=0)
+    trace_id = models.CharField(max_length=32)
+    replay_trajectory = models.ForeignKey(
+        Trajectory, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # The first tool call with no recorded match: the replay trajectory's step of the model call that
+    # asked for it, the tool, and its arguments.
+    divergence_step = models.PositiveIntegerField(null=True, blank=True)
+    divergence_tool_name = models.CharField(max_length=300, blank=True)
+    divergence_arguments = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    created_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_via_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(db_default=Now())
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints: ClassVar = [
+            models.CheckConstraint(condition=Q(status__in=ReplayStatus.values), name="replay_status_valid"),
+            models.CheckConstraint(
+                condition=Q(divergence_policy__in=DivergencePolicy.values), name="replay_divergence_policy_valid"
+            ),
+            models.CheckConstraint(condition=Q(max_steps__gte=1), name="replay_max_steps_positive"),
+            models.UniqueConstraint(fields=["workspace", "trace_id"], name="replay_trace_unique_per_workspace"),
+        ]
+        indexes: ClassVar = [
+            models.Index(fields=["original", "-created_at"], name="replay_of_trajectory"),
+            # The sweeper reads only unfinished replays.
+            models.Index(
+                fields=["status", "created_at"],
+                name="replay_unfinished",
+                condition=Q(status__in=["pending", "running"]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"replay {self.pk} of {self.original_id} from step {self.from_step} ({self.status})"
+
+
+class LangfuseMirror(models.Model):
+    """A workspace's Langfuse project that receives a copy of every span and score Keel stores.
+
+    The secret key is stored encrypted (config/crypto.py) and never shown again. The status fields
+    are what the dashboard and the API show: when the last delivery succeeded, the last error.
+    """
+
+    workspace = models.OneToOneField(Workspace, on_delete=models.CASCADE, related_name="langfuse_mirror")
+    host = models.URLField(max_length=500)
+    public_key = models.CharField(max_length=200)
+    secret_key_encrypted = models.TextField()
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(auto_now=True)
+    last_success_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    last_error_at = models.DateTimeField(null=True, blank=True)
+    delivered_spans = models.PositiveBigIntegerField(default=0)
+    delivered_scores = models.PositiveBigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"Langfuse mirror of {self.workspace} to {self.host}"
+
+
+class ExportKind(models.TextChoices):
+    SPANS = "spans", "Spans"
+    SCORE = "score", "Score"
+
+
+class ExportStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    SENDING = "sending", "Sending"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"
+
+
+class LangfuseExport(models.Model):
+    """One delivery to the Langfuse mirror (an outbox row): written with the spans or score it carries,
+    sent by a worker, retried with backoff, failed for good only after many attempts."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+    kind = models.CharField(max_length=8, choices=ExportKind.choices)
+    payload = models.TextField(blank=True)  # the encoded spans (tracing.langfuse_encode), as JSON
+    score = models.ForeignKey(Score, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    item_count = models.PositiveIntegerField(default=1)
+    status = models.CharField(max_length=8, choices=ExportStatus.choices, default=ExportStatus.PENDING)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(db_default=Now())
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes: ClassVar = [
+            models.Index(
+                fields=["next_attempt_at"],
+                name="langfuse_export_due",
+                condition=Q(status__in=["pending", "sending"]),
+            ),
+        ]
+        constraints: ClassVar = [
+            models.CheckConstraint(condition=Q(status__in=ExportStatus.values), name="langfuse_export_status_valid"),
+            models.CheckConstraint(
+                condition=Q(kind="spans") | (Q(kind="score") & Q(score__isnull=False)),
+                name="langfuse_export_carries_its_kind",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"Langfuse export {self.pk} ({self.kind}, {self.status})"

@@ -1268,6 +1268,17 @@ def _maybe_json(value: Any) -> Any:
     return value
 
 
+def _langfuse_metadata_value(value: Any) -> Any:
+    """Langfuse's SDKs (v3 on) JSON-encode every metadata value, strings included (`"chat"` arrives as
+    `"\"chat\""`); other clients send plain text. Decode what decodes, keep the rest."""
+    if isinstance(value, str) and value:
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return value
+    return value
+
+
 def _json_object(value: Any) -> dict[str, Any] | None:
     value = _maybe_json(value)
     return value if isinstance(value, dict) else None
@@ -1442,7 +1453,7 @@ def _metadata(
             metadata.update(whole_value)
             used.add(whole)
         for rest, key in groups.get(prefix, ()):
-            metadata[rest] = _maybe_json(attributes[key])
+            metadata[rest] = _langfuse_metadata_value(attributes[key])
             used.add(key)
     for rest, key in groups.get(KEEL_METADATA_PREFIX, ()):
         metadata[rest] = attributes[key]

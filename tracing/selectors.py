@@ -7,15 +7,26 @@ import binascii
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 import orjson
 from django.db.models import Count, Max, Min, Prefetch, Q, QuerySet, Sum
 
-from agent_registry.models import Workspace
+from agent_registry.models import PromptVersion, Workspace
 from tracing import exceptions, otlp
-from tracing.models import ModelPriceOverride, Score, Span, Trajectory
+from tracing.models import (
+    LangfuseExport,
+    LangfuseMirror,
+    ModelPriceOverride,
+    Replay,
+    Score,
+    Span,
+    Trajectory,
+    TrajectoryStatus,
+)
 from tracing.records import span_from_record
+from tracing.replay_diff import ReplayDiff, replay_diff
 from tracing.steps import TrajectoryView, trajectory_view_build
 
 AgentIds = Collection[int] | None
@@ -245,3 +256,133 @@ def session_trajectories(*, workspace: Workspace, session_id: str, agent_ids: Ag
 
 def model_price_list(*, workspace: Workspace) -> QuerySet[ModelPriceOverride]:
     return ModelPriceOverride.objects.filter(workspace=workspace).order_by("model")
+
+
+# --- Replays ----------------------------------------------------------------------------------------
+
+
+def replay_get(*, workspace: Workspace, replay_id: int, agent_ids: AgentIds = None) -> Replay:
+    found = Replay.objects.filter(workspace=workspace, pk=replay_id)
+    if agent_ids is not None:
+        found = found.filter(original__agent_id__in=agent_ids)
+    replay = found.select_related("original", "replay_trajectory", "prompt_version__prompt").first()
+    if replay is None:
+        raise exceptions.ReplayNotFound(f"no replay {replay_id}")
+    return replay
+
+
+def replay_list(*, trajectory: Trajectory) -> QuerySet[Replay]:
+    """The replays of a trajectory (already scoped to the caller), newest first."""
+    return (
+        Replay.objects.filter(workspace_id=trajectory.workspace_id, original=trajectory)
+        .select_related("original", "replay_trajectory", "prompt_version__prompt")
+        .order_by("-created_at", "-pk")
+    )
+
+
+def replay_diff_get(*, replay: Replay) -> ReplayDiff:
+    """Where a finished replay parts from its original (tracing.replay_diff)."""
+    if replay.replay_trajectory is None:
+        raise exceptions.ReplayConflict(f"replay {replay.pk} has no trajectory to compare yet (it is {replay.status})")
+    return replay_diff(
+        trajectory_view(trajectory=replay.original),
+        trajectory_view(trajectory=replay.replay_trajectory),
+        from_step=replay.from_step,
+    )
+
+
+# --- The dashboard -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrajectoryStats:
+    """How a workspace's agents did over a period: the home page's "recent trajectories" card."""
+
+    trajectory_count: int
+    error_count: int
+    total_tokens: int
+    cost_usd: Decimal
+
+    @property
+    def error_rate(self) -> float | None:
+        return self.error_count / self.trajectory_count if self.trajectory_count else None
+
+
+def trajectory_stats(*, workspace: Workspace, since: datetime, agent_ids: AgentIds = None) -> TrajectoryStats:
+    """Trajectories that started at or after `since`: how many, how many ended in error, tokens and cost."""
+    row = (
+        _visible(workspace, agent_ids)
+        .filter(started_at__gte=since)
+        .aggregate(
+            count=Count("pk"),
+            errors=Count("pk", filter=Q(status=TrajectoryStatus.ERROR)),
+            tokens=Sum("total_tokens"),
+            cost=Sum("cost_usd"),
+        )
+    )
+    return TrajectoryStats(
+        trajectory_count=row["count"],
+        error_count=row["errors"],
+        total_tokens=row["tokens"] or 0,
+        cost_usd=row["cost"] or Decimal(0),
+    )
+
+
+def trajectory_views(*, trajectories: Collection[Trajectory]) -> dict[int, TrajectoryView]:
+    """The views of several trajectories (already scoped to the caller) from one read of their spans."""
+    by_trajectory: dict[int, list[otlp.Span]] = {trajectory.pk: [] for trajectory in trajectories}
+    rows = Span.objects.filter(trajectory_id__in=list(by_trajectory)).values("trajectory_id", *_SPAN_FIELDS, "data")
+    for row in rows:
+        trajectory_id = row.pop("trajectory_id")
+        data = row.pop("data")
+        by_trajectory[trajectory_id].append(span_from_record(row, orjson.loads(data)))
+    return {
+        trajectory.pk: trajectory_view_build(by_trajectory[trajectory.pk], trace_id=trajectory.trace_id)
+        for trajectory in trajectories
+    }
+
+
+def trajectory_score_list(*, trajectory: Trajectory) -> QuerySet[Score]:
+    """A trajectory's scores (of the whole and of its steps), oldest first, with who gave them."""
+    return trajectory.scores.select_related("created_by", "created_via_key").order_by("created_at", "pk")
+
+
+def trajectory_prompt_version_list(*, trajectory: Trajectory) -> QuerySet[PromptVersion]:
+    """The prompt versions a trajectory's spans named, with their prompts."""
+    return trajectory.prompt_versions.select_related("prompt").order_by("prompt__name", "version")
+
+
+def score_name_list(*, workspace: Workspace, agent_ids: AgentIds = None) -> list[str]:
+    """The names scores in the workspace carry, for a filter to offer."""
+    scores = Score.objects.filter(workspace=workspace)
+    if agent_ids is not None:
+        scores = scores.filter(trajectory__agent_id__in=agent_ids)
+    return list(scores.order_by("name").values_list("name", flat=True).distinct())
+
+
+@dataclass(frozen=True)
+class LangfuseMirrorStatus:
+    mirror: LangfuseMirror
+    pending: int
+    failed: int
+
+
+def langfuse_mirror_status(*, workspace: Workspace) -> LangfuseMirrorStatus:
+    mirror = LangfuseMirror.objects.filter(workspace=workspace).first()
+    if mirror is None:
+        raise exceptions.LangfuseMirrorNotFound("this workspace does not mirror to Langfuse")
+    counts = LangfuseExport.objects.filter(workspace=workspace).aggregate(
+        pending=Count("pk", filter=Q(status__in=["pending", "sending"])),
+        failed=Count("pk", filter=Q(status="failed")),
+    )
+    return LangfuseMirrorStatus(mirror=mirror, pending=counts["pending"], failed=counts["failed"])
+
+
+def replay_of_trajectory(*, trajectory: Trajectory) -> Replay | None:
+    """The replay that produced `trajectory` (already scoped to the caller), if it is a replay's."""
+    return (
+        Replay.objects.filter(workspace_id=trajectory.workspace_id, replay_trajectory=trajectory)
+        .select_related("original", "replay_trajectory", "prompt_version__prompt")
+        .order_by("-pk")
+        .first()
+    )

@@ -32,7 +32,7 @@ from django.utils.text import slugify
 from agent_registry import services as registry_services
 from agent_registry.exceptions import AgentSlugTaken
 from agent_registry.models import Agent, AgentStatus, ApiKey, PromptVersion, User, Workspace
-from tracing import exceptions, otlp, pricing, trajectory_json
+from tracing import exceptions, langfuse_bridge, otlp, pricing, trajectory_json
 from tracing.models import (
     BatchSource,
     BatchStatus,
@@ -459,12 +459,14 @@ def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence
     agents = _AgentResolver(workspace, api_key)
 
     new_rows: list[tuple[Any, ...]] = []
+    new_spans: list[otlp.Span] = []
     updates: list[tuple[Any, ...]] = []
     trajectory_prompts: set[tuple[int, int]] = set()
     for trace_id in trace_ids:
         trajectory_id, _, agent_id = trajectories[trace_id]
         known = {span.span_id for span in stored.get(trace_id, ())}
         fresh = [span for span_id, span in by_trace[trace_id].items() if span_id not in known]
+        new_spans.extend(fresh)
         for span in fresh:
             prompt_version_id = (
                 prompt_versions.get((span.prompt_name, span.prompt_version or "production"))
@@ -501,10 +503,11 @@ def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence
             )
         if not fresh:
             continue
-        view = trajectory_view_build([*stored.get(trace_id, ()), *fresh], trace_id=trace_id)
+        trace_spans = [*stored.get(trace_id, ()), *fresh]
+        view = trajectory_view_build(trace_spans, trace_id=trace_id)
         if agent_id is None:
             agent_id = agents.resolve(view.agent_name)
-        updates.append(_trajectory_values(trajectory_id, agent_id, view, now))
+        updates.append(_trajectory_values(trajectory_id, agent_id, view, _trajectory_metadata(trace_spans), now))
 
     with connection.cursor() as cursor:
         if new_rows:
@@ -520,6 +523,7 @@ def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence
                 "SELECT * FROM unnest(%s::bigint[], %s::bigint[]) ON CONFLICT DO NOTHING",
                 [[t for t, _ in pairs], [p for _, p in pairs]],
             )
+    langfuse_bridge.langfuse_export_spans(workspace_id=workspace.pk, spans=new_spans)
     return len(new_rows)
 
 
@@ -547,12 +551,21 @@ _TRAJECTORY_UPDATE_COLUMNS = (
     ("reward", "double precision"),
     ("input_preview", "text"),
     ("output_preview", "text"),
+    ("metadata", "text"),  # JSON text, cast back to jsonb in the assignment
     ("updated_at", "timestamptz"),
 )
 
 
+def _trajectory_metadata(spans: Iterable[otlp.Span]) -> dict[str, Any]:
+    """The trace's metadata: what its spans carry, the root span's winning where keys clash."""
+    metadata: dict[str, Any] = {}
+    for span in sorted(spans, key=lambda span: span.parent_span_id is None):
+        metadata.update(span.metadata)
+    return metadata
+
+
 def _trajectory_values(
-    trajectory_id: int, agent_id: int | None, view: TrajectoryView, now: datetime
+    trajectory_id: int, agent_id: int | None, view: TrajectoryView, metadata: dict[str, Any], now: datetime
 ) -> tuple[Any, ...]:
     totals = view.totals
     input_preview, output_preview = _previews(view)
@@ -580,17 +593,21 @@ def _trajectory_values(
         view.reward,
         input_preview,
         output_preview,
+        json_dumps(metadata),
         now,
     )
+
+
+_ASSIGNMENTS = {
+    "tags": "tags = ARRAY(SELECT jsonb_array_elements_text(v.tags::jsonb))",
+    "metadata": "metadata = v.metadata::jsonb",
+}
 
 
 def _trajectories_update(cursor: Any, updates: list[tuple[Any, ...]]) -> None:
     names = [name for name, _ in _TRAJECTORY_UPDATE_COLUMNS]
     arrays = ", ".join(f"%s::{kind}[]" for _, kind in _TRAJECTORY_UPDATE_COLUMNS)
-    assignments = ", ".join(
-        f"{name} = ARRAY(SELECT jsonb_array_elements_text(v.tags::jsonb))" if name == "tags" else f"{name} = v.{name}"
-        for name in names[1:]
-    )
+    assignments = ", ".join(_ASSIGNMENTS.get(name, f"{name} = v.{name}") for name in names[1:])
     columns = [list(column) for column in zip(*updates, strict=True)]
     cursor.execute(
         f"UPDATE tracing_trajectory AS t SET {assignments} "
@@ -642,19 +659,22 @@ def score_create(
         raise exceptions.ScoreInvalid(
             "invalid score: " + "; ".join(f"{p['field']}: {p['message']}" for p in problems), errors=problems
         )
-    return Score.objects.create(
-        workspace_id=trajectory.workspace_id,
-        trajectory=trajectory,
-        span_id=span_id,
-        name=name.strip(),
-        data_type=data_type,
-        value=numeric_value,
-        string_value=string_value,
-        source=source,
-        comment=comment,
-        created_by=created_by,
-        created_via_key=created_via_key,
-    )
+    with transaction.atomic():
+        score = Score.objects.create(
+            workspace_id=trajectory.workspace_id,
+            trajectory=trajectory,
+            span_id=span_id,
+            name=name.strip(),
+            data_type=data_type,
+            value=numeric_value,
+            string_value=string_value,
+            source=source,
+            comment=comment,
+            created_by=created_by,
+            created_via_key=created_via_key,
+        )
+        langfuse_bridge.langfuse_export_score(score=score)
+    return score
 
 
 # --- Model prices ------------------------------------------------------------------------------------

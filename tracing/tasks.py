@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
-from tracing import replay, services
+from tracing import langfuse_bridge, replay, services
 from tracing.exceptions import ReplayProviderUnavailable
 
 
@@ -58,3 +58,18 @@ def replay_sweep() -> None:
 def trajectory_retention_sweep() -> None:
     """Scheduled by beat, daily: delete each agent's trajectories older than its retention."""
     services.trajectory_retention_sweep()
+
+
+@shared_task(
+    name="tracing.langfuse_export_deliver", acks_late=True, ignore_result=True, soft_time_limit=50, time_limit=60
+)
+def langfuse_export_deliver(export_id: int) -> None:
+    """Send one outbox row to the workspace's Langfuse mirror; failures are retried by schedule."""
+    langfuse_bridge.langfuse_export_deliver(export_id=export_id)
+
+
+@shared_task(name="tracing.langfuse_export_sweep", ignore_result=True, soft_time_limit=50, time_limit=60)
+def langfuse_export_sweep() -> None:
+    """Scheduled by beat: send the rows whose retry time has come."""
+    for export_id in langfuse_bridge.langfuse_export_due():
+        langfuse_export_deliver.delay(export_id)

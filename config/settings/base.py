@@ -18,6 +18,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 VAR_DIR = BASE_DIR / "var"
 
 SECRET_KEY = env_str("DJANGO_SECRET_KEY", "keel-local-development-only-not-a-secret")
+# Fernet key(s) for secrets stored in the database (config/crypto.py); empty: derived from SECRET_KEY.
+KEEL_ENCRYPTION_KEY = env_str("KEEL_ENCRYPTION_KEY")
 DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS")

@@ -14,3 +14,5 @@ KEEL_INGEST_LEASE_SECONDS = env_int("KEEL_INGEST_LEASE_SECONDS", 90)
 # A pending batch this old may have lost its broker message; the sweeper sends it again.
 KEEL_INGEST_REQUEUE_AFTER_SECONDS = env_int("KEEL_INGEST_REQUEUE_AFTER_SECONDS", 60)
 KEEL_INGEST_MAX_ATTEMPTS = env_int("KEEL_INGEST_MAX_ATTEMPTS", 5)
+# Seconds Keel waits for Langfuse on each mirror delivery.
+KEEL_LANGFUSE_TIMEOUT_SECONDS = env_int("KEEL_LANGFUSE_TIMEOUT_SECONDS", 10)

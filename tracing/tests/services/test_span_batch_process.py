@@ -228,3 +228,26 @@ def test_concurrent_batches_of_one_trace_add_up(key_for):
     assert errors == []
     trajectory = Trajectory.objects.get(trace_id=trace_id)
     assert (trajectory.span_count, trajectory.input_tokens, trajectory.cost_usd) == (4, 260, REFUND_COST)
+
+
+def test_trajectory_metadata_comes_from_its_spans_with_langfuse_values_decoded(otel, key_for, workspace):
+    tracer = otel.tracer()
+    with tracer.start_as_current_span(
+        "agent",
+        attributes={
+            "langfuse.trace.metadata.channel": '"in-app chat"',  # Langfuse SDK v5 JSON-encodes every value
+            "langfuse.trace.metadata.ticket": "17",
+            "keel.metadata.tier": "gold",
+        },
+    ) as root:
+        with tracer.start_as_current_span("step", attributes={"keel.metadata.tier": "silver", "keel.metadata.x": 1}):
+            pass
+    trace_id = format(root.get_span_context().trace_id, "032x")
+    services.span_batch_process(batch_id=_accept(key_for(workspace), otel.protobuf()).pk)
+
+    assert Trajectory.objects.get(trace_id=trace_id).metadata == {
+        "channel": "in-app chat",
+        "ticket": 17,
+        "tier": "gold",
+        "x": 1,
+    }
