@@ -232,16 +232,18 @@ def test_concurrent_batches_of_one_trace_add_up(key_for):
 
 def test_trajectory_metadata_comes_from_its_spans_with_langfuse_values_decoded(otel, key_for, workspace):
     tracer = otel.tracer()
-    with tracer.start_as_current_span(
-        "agent",
-        attributes={
-            "langfuse.trace.metadata.channel": '"in-app chat"',  # Langfuse SDK v5 JSON-encodes every value
-            "langfuse.trace.metadata.ticket": "17",
-            "keel.metadata.tier": "gold",
-        },
-    ) as root:
-        with tracer.start_as_current_span("step", attributes={"keel.metadata.tier": "silver", "keel.metadata.x": 1}):
-            pass
+    with (
+        tracer.start_as_current_span(
+            "agent",
+            attributes={
+                "langfuse.trace.metadata.channel": '"in-app chat"',  # Langfuse SDK v5 JSON-encodes every value
+                "langfuse.trace.metadata.ticket": "17",
+                "keel.metadata.tier": "gold",
+            },
+        ) as root,
+        tracer.start_as_current_span("step", attributes={"keel.metadata.tier": "silver", "keel.metadata.x": 1}),
+    ):
+        pass
     trace_id = format(root.get_span_context().trace_id, "032x")
     services.span_batch_process(batch_id=_accept(key_for(workspace), otel.protobuf()).pk)
 
