@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 from django.test import Client
@@ -107,7 +108,7 @@ def test_spans_reach_langfuses_otlp_endpoint_with_langfuse_attributes(otel, work
     ]
     assert len(spans) == 4
     assert {span["traceId"] for span in spans} == {trace_id}
-    by_name: dict[str, list[dict[str, object]]] = {}
+    by_name: dict[str, list[dict[str, Any]]] = {}
     for span in spans:
         attributes = {a["key"]: next(iter(a["value"].values())) for a in span["attributes"]}
         by_name.setdefault(span["name"], []).append(attributes)
