@@ -72,6 +72,7 @@ class TrajectoryOut(Schema):
     output_preview: str
     scores: list[ScoreOut]
     signals: list[dict[str, Any]]
+    triage_score: float
     replay_of: str | None
 
 
@@ -102,7 +103,10 @@ class TrajectoryListQuery(Schema):
     prompt: str | None = Field(None, description="prompt name, or name:version")
     score: str | None = Field(None, description="score name, optionally with a range: name>=0.5, name<=0.2")
     search: str | None = None
-    order: str = Field("-started_at", description="started_at, cost, latency, steps, tokens; '-' for descending")
+    signal: str | None = Field(None, description="only trajectories where this triage signal fired, e.g. loop")
+    order: str = Field(
+        "-started_at", description="started_at, cost, latency, steps, tokens, triage_score; '-' for descending"
+    )
     limit: int = Field(50, ge=1, le=500)
     cursor: str | None = None
 
@@ -191,7 +195,8 @@ def _trajectory_out(trajectory: Trajectory) -> dict[str, Any]:
         "input_preview": trajectory.input_preview,
         "output_preview": trajectory.output_preview,
         "scores": [_score_out(score) for score in trajectory.scores.all()],
-        "signals": [],
+        "signals": trajectory.signals,
+        "triage_score": trajectory.triage_score,
         "replay_of": trajectory.replay_of.trace_id if trajectory.replay_of else None,
     }
 
@@ -271,6 +276,7 @@ def trajectory_list_api(request: HttpRequest, query: Query[TrajectoryListQuery])
             score_min=score_min,
             score_max=score_max,
             search=query.search,
+            signal=query.signal,
         ),
         order=query.order,
         limit=query.limit,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
@@ -100,6 +101,11 @@ class Trajectory(models.Model):
     input_preview = models.TextField(blank=True)
     output_preview = models.TextField(blank=True)
     metadata = models.JSONField(default=dict, blank=True)
+    # Triage (tracing.signals): the instances found, their names for filtering, the combined score.
+    signals = models.JSONField(default=list, blank=True)
+    signal_names = ArrayField(models.CharField(max_length=40), default=list, blank=True)
+    triage_score = models.FloatField(default=0)
+    signal_errors = models.JSONField(default=list, blank=True)
     # A counterfactual replay points at the trajectory it re-ran, and at the step it re-ran from.
     replay_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replays")
     replay_from_step = models.PositiveIntegerField(null=True, blank=True)
@@ -115,6 +121,8 @@ class Trajectory(models.Model):
             models.Index(fields=["workspace", "-started_at"], name="trajectory_recent"),
             models.Index(fields=["workspace", "agent", "-started_at"], name="trajectory_agent_recent"),
             models.Index(fields=["workspace", "session_id"], name="trajectory_session"),
+            models.Index(fields=["workspace", "-triage_score"], name="trajectory_triage"),
+            GinIndex(fields=["signal_names"], name="trajectory_signal_names"),
         ]
 
     def __str__(self) -> str:

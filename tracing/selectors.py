@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -43,6 +43,8 @@ ORDERS: dict[str, tuple[str, bool]] = {
     "steps": ("step_count", False),
     "-tokens": ("total_tokens", True),
     "tokens": ("total_tokens", False),
+    "-triage_score": ("triage_score", True),
+    "triage_score": ("triage_score", False),
 }
 
 
@@ -61,6 +63,7 @@ class TrajectoryFilter:
     score_min: float | None = None
     score_max: float | None = None
     search: str | None = None
+    signal: str | None = None
 
 
 def _visible(workspace: Workspace, agent_ids: AgentIds) -> QuerySet[Trajectory]:
@@ -128,6 +131,8 @@ def trajectory_list(
         if filters.score_max is not None:
             scores = scores.filter(value__lte=filters.score_max)
         found = found.filter(pk__in=scores.values("trajectory_id"))
+    if filters.signal:
+        found = found.filter(signal_names__contains=[filters.signal])
     if filters.search:
         found = found.filter(
             Q(name__icontains=filters.search)
@@ -386,3 +391,35 @@ def replay_of_trajectory(*, trajectory: Trajectory) -> Replay | None:
         .order_by("-pk")
         .first()
     )
+
+
+class ScopeNotFound(LookupError):
+    """A workspace or agent slug that names nothing."""
+
+
+def trajectory_id_chunks(*, workspace_slug: str | None, agent_slug: str | None, size: int) -> Iterator[list[int]]:
+    """Trajectory ids in chunks of `size`, oldest first, for bulk work such as recomputing signals."""
+    from agent_registry.models import Agent
+
+    found = Trajectory.objects.all()
+    if workspace_slug:
+        workspace = Workspace.objects.filter(slug=workspace_slug).first()
+        if workspace is None:
+            raise ScopeNotFound(f"no workspace {workspace_slug!r}")
+        found = found.filter(workspace=workspace)
+        if agent_slug:
+            agent = Agent.objects.filter(workspace=workspace, slug=agent_slug).first()
+            if agent is None:
+                raise ScopeNotFound(f"no agent {agent_slug!r} in {workspace_slug!r}")
+            found = found.filter(agent=agent)
+    return _id_chunks(found, size)
+
+
+def _id_chunks(found: QuerySet[Trajectory], size: int) -> Iterator[list[int]]:
+    last = 0
+    while True:
+        ids = list(found.filter(pk__gt=last).order_by("pk").values_list("pk", flat=True)[:size])
+        if not ids:
+            return
+        yield ids
+        last = ids[-1]

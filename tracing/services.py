@@ -32,7 +32,7 @@ from django.utils.text import slugify
 from agent_registry import services as registry_services
 from agent_registry.exceptions import AgentSlugTaken
 from agent_registry.models import Agent, AgentStatus, ApiKey, PromptVersion, User, Workspace
-from tracing import exceptions, langfuse_bridge, otlp, pricing, trajectory_json
+from tracing import exceptions, langfuse_bridge, otlp, pricing, signals, trajectory_json
 from tracing.models import (
     BatchSource,
     BatchStatus,
@@ -356,6 +356,41 @@ class _AgentResolver:
         return agent_id
 
 
+class _SignalConfigs:
+    """Each agent's triage settings, read once per batch: the limits its requirements set (the agentic
+    step limit, the latency ceiling) make `exhaustion` fire where the agent actually stops."""
+
+    def __init__(self, workspace: Workspace) -> None:
+        self.workspace = workspace
+        self.cache: dict[int, signals.SignalConfig] = {}
+
+    def get(self, agent_id: int | None) -> signals.SignalConfig | None:
+        if agent_id is None:
+            return None
+        if agent_id not in self.cache:
+            self.cache[agent_id] = signal_config_for_agent(agent_id)
+        return self.cache[agent_id]
+
+
+def signal_config_for_agent(agent_id: int) -> signals.SignalConfig:
+    from agent_registry import requirements
+
+    answers = (
+        Agent.objects.filter(pk=agent_id, current_requirements__isnull=False)
+        .values_list("current_requirements__answers", flat=True)
+        .first()
+    )
+    if answers is None:
+        return signals.DEFAULT_CONFIG
+    parsed = requirements.Requirements.model_validate(answers)
+    budgets = {budget["tier"]: budget for budget in requirements.derived_configuration(parsed).tier_budgets.value}
+    agentic = budgets.get("agentic")
+    return signals.SignalConfig(
+        max_steps=agentic["max_steps"] if agentic else None,
+        time_budget_seconds=parsed.constraints.latency.hard_ceiling_ms / 1000,
+    )
+
+
 def _prompt_versions(workspace: Workspace, spans: Iterable[otlp.Span]) -> dict[tuple[str, str], int]:
     """(prompt name, version or label) → PromptVersion id, for the prompts the spans name."""
     wanted = {(span.prompt_name, span.prompt_version or "production") for span in spans if span.prompt_name}
@@ -439,9 +474,9 @@ def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence
                 workspace_id, trace_id, name, status, started_at, ended_at, latency_ms, span_count, step_count,
                 llm_call_count, tool_call_count, error_count, input_tokens, output_tokens, total_tokens,
                 cost_usd, session_id, user_id, tags, task_id, input_preview, output_preview, metadata,
-                created_at, updated_at)
+                signals, signal_names, triage_score, signal_errors, created_at, updated_at)
             SELECT %s, t.trace_id, '', 'running', t.started_at, t.started_at, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                   '', '', '{}', '', '', '', '{}', %s, %s
+                   '', '', '{}', '', '', '', '{}', '[]', '{}', 0, '[]', %s, %s
             FROM unnest(%s::text[], %s::timestamptz[]) AS t(trace_id, started_at)
             ON CONFLICT (workspace_id, trace_id) DO NOTHING
             """,
@@ -457,6 +492,7 @@ def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence
     stored = _stored_spans(workspace.pk, [t for t in trace_ids if trajectories[t][1] > 0])
     prompt_versions = _prompt_versions(workspace, (s for trace in by_trace.values() for s in trace.values()))
     agents = _AgentResolver(workspace, api_key)
+    signal_configs = _SignalConfigs(workspace)
 
     new_rows: list[tuple[Any, ...]] = []
     new_spans: list[otlp.Span] = []
@@ -507,7 +543,11 @@ def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence
         view = trajectory_view_build(trace_spans, trace_id=trace_id)
         if agent_id is None:
             agent_id = agents.resolve(view.agent_name)
-        updates.append(_trajectory_values(trajectory_id, agent_id, view, _trajectory_metadata(trace_spans), now))
+        # Triage as the spans arrive: a trajectory's signals are current whenever it is read.
+        report = signals.signals_compute(view, signal_configs.get(agent_id))
+        updates.append(
+            _trajectory_values(trajectory_id, agent_id, view, _trajectory_metadata(trace_spans), report, now)
+        )
 
     with connection.cursor() as cursor:
         if new_rows:
@@ -552,6 +592,10 @@ _TRAJECTORY_UPDATE_COLUMNS = (
     ("input_preview", "text"),
     ("output_preview", "text"),
     ("metadata", "text"),  # JSON text, cast back to jsonb in the assignment
+    ("signals", "text"),
+    ("signal_names", "text"),
+    ("triage_score", "double precision"),
+    ("signal_errors", "text"),
     ("updated_at", "timestamptz"),
 )
 
@@ -564,11 +608,39 @@ def _trajectory_metadata(spans: Iterable[otlp.Span]) -> dict[str, Any]:
     return metadata
 
 
+def signal_report_json(report: signals.SignalReport) -> dict[str, Any]:
+    """How a report is stored on the trajectory (and shown by the API)."""
+    return {
+        "signals": [
+            {
+                "signal": instance.signal,
+                "kind": instance.kind,
+                "category": instance.category,
+                "severity": round(instance.severity, 4),
+                "level": instance.level,
+                "steps": list(instance.step_indices),
+                "snippets": list(instance.snippets),
+                "why": instance.why,
+            }
+            for instance in report.instances
+        ],
+        "signal_names": sorted(report.signals),
+        "triage_score": round(report.triage_score, 4),
+        "signal_errors": [{"detector": error.detector, "message": error.message} for error in report.detector_errors],
+    }
+
+
 def _trajectory_values(
-    trajectory_id: int, agent_id: int | None, view: TrajectoryView, metadata: dict[str, Any], now: datetime
+    trajectory_id: int,
+    agent_id: int | None,
+    view: TrajectoryView,
+    metadata: dict[str, Any],
+    report: signals.SignalReport,
+    now: datetime,
 ) -> tuple[Any, ...]:
     totals = view.totals
     input_preview, output_preview = _previews(view)
+    triage = signal_report_json(report)
     return (
         trajectory_id,
         agent_id,
@@ -594,13 +666,20 @@ def _trajectory_values(
         input_preview,
         output_preview,
         json_dumps(metadata),
+        json_dumps(triage["signals"]),
+        json_dumps(triage["signal_names"]),
+        triage["triage_score"],
+        json_dumps(triage["signal_errors"]),
         now,
     )
 
 
 _ASSIGNMENTS = {
     "tags": "tags = ARRAY(SELECT jsonb_array_elements_text(v.tags::jsonb))",
+    "signal_names": "signal_names = ARRAY(SELECT jsonb_array_elements_text(v.signal_names::jsonb))",
     "metadata": "metadata = v.metadata::jsonb",
+    "signals": "signals = v.signals::jsonb",
+    "signal_errors": "signal_errors = v.signal_errors::jsonb",
 }
 
 
@@ -737,3 +816,21 @@ def trajectory_retention_sweep() -> dict[int, int]:
         assert agent.trace_retention_days is not None
         deleted[agent.pk] = trajectory_retention_apply(agent=agent, days=agent.trace_retention_days)
     return deleted
+
+
+def trajectory_signals_recompute(*, trajectory_ids: Sequence[int]) -> int:
+    """Recompute the signals of these trajectories from their stored spans (after the detectors or the
+    weights changed); returns how many were updated."""
+    from tracing import selectors
+
+    updated = 0
+    configs: dict[int | None, signals.SignalConfig | None] = {}
+    for trajectory in Trajectory.objects.filter(pk__in=trajectory_ids).only("pk", "trace_id", "agent_id"):
+        if trajectory.agent_id not in configs:
+            configs[trajectory.agent_id] = (
+                signal_config_for_agent(trajectory.agent_id) if trajectory.agent_id is not None else None
+            )
+        report = signals.signals_compute(selectors.trajectory_view(trajectory=trajectory), configs[trajectory.agent_id])
+        Trajectory.objects.filter(pk=trajectory.pk).update(**signal_report_json(report))
+        updated += 1
+    return updated

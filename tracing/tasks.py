@@ -73,3 +73,9 @@ def langfuse_export_sweep() -> None:
     """Scheduled by beat: send the rows whose retry time has come."""
     for export_id in langfuse_bridge.langfuse_export_due():
         langfuse_export_deliver.delay(export_id)
+
+
+@shared_task(name="tracing.trajectory_signals_recompute", ignore_result=True, soft_time_limit=280, time_limit=300)
+def trajectory_signals_recompute(trajectory_ids: list[int]) -> None:
+    """Recompute triage signals for a chunk of trajectories (after detectors or weights changed)."""
+    services.trajectory_signals_recompute(trajectory_ids=trajectory_ids)

@@ -67,11 +67,13 @@ def refund_conversation(
                 "gen_ai.tool.name": "lookup_trip",
                 "gen_ai.tool.call.id": "call-1",
                 "gen_ai.tool.call.arguments": '{"trip_id": "T-1"}',
-                "gen_ai.tool.call.result": '{"error": "timeout"}' if tool_fails else '{"status": "cancelled"}',
+                "gen_ai.tool.call.result": '{"error": "internal error", "status": 500}'
+                if tool_fails
+                else '{"status": "cancelled"}',
             },
         ) as tool:
             if tool_fails:
-                tool.set_status(Status(StatusCode.ERROR, "lookup timed out"))
+                tool.set_status(Status(StatusCode.ERROR, "trip service answered HTTP 500"))
         with tracer.start_as_current_span(
             "chat gpt-4o",
             attributes={
