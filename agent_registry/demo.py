@@ -528,4 +528,8 @@ def demo_seed() -> Workspace:
                 prompt=prompt, label=label, version=prompt.versions.get(version=number), moved_by=owner
             )
     _prompts(ride, owner, RIDE_PROMPTS)
+
+    from tracing import demo as tracing_demo  # tracing builds on the registry; import it here, not at the top
+
+    tracing_demo.demo_traces_seed(workspace)
     return workspace

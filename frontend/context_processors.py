@@ -17,6 +17,9 @@ _SECTIONS = (
     ("configuration", "agents"),
     ("prompt", "prompts"),
     ("apikey", "keys"),
+    ("trajectory", "trajectories"),
+    ("replay", "trajectories"),
+    ("session", "sessions"),
 )
 
 

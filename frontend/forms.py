@@ -25,6 +25,8 @@ from django.utils import timezone
 
 from agent_registry import requirements as req
 from agent_registry.models import Agent, PromptType, Scope
+from tracing.models import DivergencePolicy, ScoreDataType, TrajectoryStatus
+from tracing.selectors import TrajectoryFilter
 
 # --- The requirements editor: layout -------------------------------------------------------------
 
@@ -941,3 +943,281 @@ class ApiKeyCreateForm(forms.Form):
         if expires_on is None:
             return None
         return datetime.combine(expires_on + timedelta(days=1), time.min, tzinfo=UTC)
+
+
+# --- Trajectories -------------------------------------------------------------------------------------
+
+PERIODS: dict[str, tuple[str, timedelta | None]] = {
+    "": ("Any time", None),
+    "1h": ("Last hour", timedelta(hours=1)),
+    "24h": ("Last 24 hours", timedelta(hours=24)),
+    "7d": ("Last 7 days", timedelta(days=7)),
+    "30d": ("Last 30 days", timedelta(days=30)),
+    "custom": ("Custom range", None),
+}
+# Newest first is the default, so it has no value of its own and stays out of shared links.
+TRAJECTORY_ORDERS = (
+    ("", "Newest first"),
+    ("started_at", "Oldest first"),
+    ("-cost", "Most expensive"),
+    ("cost", "Cheapest"),
+    ("-latency", "Slowest"),
+    ("latency", "Fastest"),
+    ("-steps", "Most steps"),
+    ("steps", "Fewest steps"),
+    ("-tokens", "Most tokens"),
+    ("tokens", "Fewest tokens"),
+)
+_DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
+
+
+class _DateTimeLocalInput(forms.DateTimeInput):
+    input_type = "datetime-local"
+
+    def __init__(self) -> None:
+        super().__init__(format=_DATETIME_LOCAL)
+
+
+@dataclass(frozen=True)
+class TrajectoryQuery:
+    """What a filter form asks the trajectory list for (tracing.selectors.trajectory_list's arguments)."""
+
+    filters: TrajectoryFilter
+    order: str
+
+
+class TrajectoryFilterForm(forms.Form):
+    """The list's filters, read from the query string so that a filtered list is a link to share.
+
+    Invalid fields are reported and left out; the valid ones still filter.
+    """
+
+    q = forms.CharField(
+        label="Search", required=False, max_length=500, widget=forms.TextInput(attrs={"type": "search"})
+    )
+    agent = forms.ChoiceField(required=False)
+    period = forms.ChoiceField(label="Time", required=False, choices=[(k, v[0]) for k, v in PERIODS.items()])
+    started_after = forms.DateTimeField(
+        label="From (UTC)", required=False, input_formats=[_DATETIME_LOCAL], widget=_DateTimeLocalInput()
+    )
+    started_before = forms.DateTimeField(
+        label="To (UTC)", required=False, input_formats=[_DATETIME_LOCAL], widget=_DateTimeLocalInput()
+    )
+    status = forms.ChoiceField(required=False, choices=[("", "Any status"), *TrajectoryStatus.choices])
+    tag = forms.CharField(required=False, max_length=200)
+    session = forms.CharField(required=False, max_length=500)
+    user = forms.CharField(required=False, max_length=500)
+    prompt = forms.ChoiceField(label="Prompt", required=False)
+    prompt_version = forms.IntegerField(label="Version", required=False, min_value=1)
+    score = forms.ChoiceField(label="Score", required=False)
+    score_min = forms.FloatField(label="Score at least", required=False)
+    score_max = forms.FloatField(label="Score at most", required=False)
+    order = forms.ChoiceField(label="Order", required=False, choices=TRAJECTORY_ORDERS)
+
+    def __init__(
+        self,
+        *args: Any,
+        agents: Iterable[Agent],
+        prompt_names: Iterable[str],
+        score_names: Iterable[str],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._agents = {agent.slug: agent for agent in agents}
+        self._set_choices("agent", [("", "All agents"), *((a.slug, a.name) for a in self._agents.values())])
+        self._set_choices("prompt", [("", "Any prompt"), *((name, name) for name in prompt_names)])
+        self._set_choices("score", [("", "Any score"), *((name, name) for name in score_names)])
+
+    def _set_choices(self, name: str, choices: list[tuple[str, str]]) -> None:
+        field = self.fields[name]
+        if isinstance(field, forms.ChoiceField):
+            field.choices = choices
+
+    def query(self, now: datetime) -> TrajectoryQuery:
+        """The filters of the valid fields (call after is_valid())."""
+        data = self.cleaned_data
+        period = data.get("period") or ""
+        started_after: datetime | None = None
+        started_before: datetime | None = None
+        span = PERIODS.get(period, ("", None))[1]
+        if span is not None:
+            started_after = now - span
+        elif period == "custom":
+            started_after = _as_utc(data.get("started_after"))
+            started_before = _as_utc(data.get("started_before"))
+        agent = self._agents.get(data.get("agent") or "")
+        score = data.get("score") or None
+        return TrajectoryQuery(
+            filters=TrajectoryFilter(
+                agent_id=agent.pk if agent is not None else None,
+                started_after=started_after,
+                started_before=started_before,
+                status=data.get("status") or None,
+                tag=(data.get("tag") or "").strip() or None,
+                session_id=(data.get("session") or "").strip() or None,
+                user_id=(data.get("user") or "").strip() or None,
+                prompt_name=data.get("prompt") or None,
+                prompt_version=data.get("prompt_version") if data.get("prompt") else None,
+                score_name=score,
+                score_min=data.get("score_min") if score else None,
+                score_max=data.get("score_max") if score else None,
+                search=(data.get("q") or "").strip() or None,
+            ),
+            order=data.get("order") or "-started_at",
+        )
+
+    @property
+    def active_count(self) -> int:
+        """How many filters narrow the list (for the "Clear" link)."""
+        if not self.is_bound:
+            return 0
+        ignored = {"order", "started_after", "started_before", "prompt_version", "score_min", "score_max"}
+        return sum(1 for name in self.fields if name not in ignored and self.data.get(name))
+
+
+def _as_utc(value: datetime | None) -> datetime | None:
+    """A datetime-local value is naive; the dashboard shows and reads times in UTC."""
+    if value is None:
+        return None
+    return value.replace(tzinfo=UTC) if timezone.is_naive(value) else value.astimezone(UTC)
+
+
+class ScoreForm(forms.Form):
+    """A reviewer's score of a trajectory or of one of its steps (by span id)."""
+
+    name = forms.CharField(max_length=200, help_text="e.g. resolved, helpfulness, escalation.")
+    data_type = forms.ChoiceField(
+        label="Type", choices=ScoreDataType.choices, initial=ScoreDataType.NUMERIC, widget=forms.RadioSelect
+    )
+    value = forms.FloatField(label="Value", required=False, help_text="A number, for a numeric score.")
+    verdict = forms.TypedChoiceField(
+        label="Verdict",
+        required=False,
+        choices=[("", "—"), ("true", "Yes"), ("false", "No")],
+        coerce=lambda text: text == "true",
+        empty_value=None,
+    )
+    category = forms.CharField(label="Category", required=False, max_length=200)
+    correction = forms.CharField(
+        label="Corrected output",
+        required=False,
+        max_length=100_000,
+        widget=forms.Textarea(attrs={"rows": 4}),
+        help_text="What the agent should have answered.",
+    )
+    span_id = forms.CharField(label="Attach to", required=False, max_length=16)
+    comment = forms.CharField(required=False, max_length=10_000, widget=forms.Textarea(attrs={"rows": 2}))
+
+    def clean(self) -> dict[str, Any] | None:
+        cleaned = super().clean()
+        if cleaned is None:
+            return None
+        data_type = cleaned.get("data_type")
+        needs = {
+            ScoreDataType.NUMERIC: ("value", "A numeric score needs a value."),
+            ScoreDataType.BOOLEAN: ("verdict", "Choose yes or no."),
+            ScoreDataType.CATEGORICAL: ("category", "A categorical score needs a category."),
+            ScoreDataType.CORRECTION: ("correction", "Write the corrected output."),
+        }
+        if data_type in needs:
+            field_name, message = needs[data_type]
+            value = cleaned.get(field_name)
+            if value is None or (isinstance(value, str) and not value.strip()):
+                self.add_error(field_name, message)
+        return cleaned
+
+    def score_arguments(self) -> dict[str, Any]:
+        """The keyword arguments of tracing.services.score_create for this score."""
+        data = self.cleaned_data
+        data_type = data["data_type"]
+        value: float | bool | None = None
+        string_value = ""
+        if data_type == ScoreDataType.NUMERIC:
+            value = data["value"]
+        elif data_type == ScoreDataType.BOOLEAN:
+            value = data["verdict"]
+        elif data_type == ScoreDataType.CATEGORICAL:
+            string_value = data["category"].strip()
+        else:
+            string_value = data["correction"]
+        return {
+            "name": data["name"].strip(),
+            "data_type": data_type,
+            "value": value,
+            "string_value": string_value,
+            "span_id": data["span_id"].strip().lower(),
+            "comment": data["comment"].strip(),
+        }
+
+
+# --- Replays --------------------------------------------------------------------------------------------
+
+REPLAY_MAX_STEPS = 50
+
+
+class ReplayForm(forms.Form):
+    """A counterfactual replay of a trajectory from one of its steps (tracing.replay.replay_create)."""
+
+    from_step = forms.IntegerField(label="From step", min_value=0)
+    prompt_version = forms.ChoiceField(
+        label="Prompt version",
+        required=False,
+        help_text="Its system prompt replaces the recorded one; rendered with the variables the run recorded.",
+    )
+    model = forms.CharField(
+        label="Model",
+        required=False,
+        max_length=300,
+        help_text="A litellm model string, e.g. gpt-4o-mini; blank keeps the recorded model.",
+    )
+    divergence = forms.ChoiceField(
+        label="When the model calls a tool the recording never saw",
+        choices=DivergencePolicy.choices,
+        initial=DivergencePolicy.STOP,
+        widget=forms.RadioSelect,
+    )
+    stub_result = forms.CharField(
+        label="Stub result",
+        required=False,
+        max_length=100_000,
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "class": "mono"}),
+        help_text='JSON served for such a call under "stub"; blank serves a generic stub.',
+    )
+    max_steps = forms.IntegerField(
+        label="Model calls at most", min_value=1, max_value=REPLAY_MAX_STEPS, initial=20, required=False
+    )
+
+    def __init__(self, *args: Any, prompts: Iterable[Any], **kwargs: Any) -> None:
+        """`prompts`: the agent's prompts (agent_registry.selectors.prompt_list), newest version first."""
+        super().__init__(*args, **kwargs)
+        choices: list[tuple[str, str]] = [("", "Keep the recorded prompt")]
+        for prompt in prompts:
+            labels: dict[int, list[str]] = {}
+            for label in prompt.labels.all():
+                labels.setdefault(label.version.version, []).append(label.name)
+            for number in range(prompt.latest_version or 0, 0, -1):
+                names = sorted(labels.get(number, []))
+                suffix = f" ({', '.join(names)})" if names else ""
+                choices.append((f"{prompt.name}:{number}", f"{prompt.name} v{number}{suffix}"))
+        field = self.fields["prompt_version"]
+        if isinstance(field, forms.ChoiceField):
+            field.choices = choices
+
+    def clean_stub_result(self) -> Any:
+        text = str(self.cleaned_data.get("stub_result") or "").strip()
+        if not text:
+            return None
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as error:
+            raise forms.ValidationError(
+                f"Not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}."
+            ) from None
+
+    def prompt_version_wanted(self) -> tuple[str, int] | None:
+        """(prompt name, version number) of the chosen version, or None to keep the recorded prompt."""
+        value = str(self.cleaned_data.get("prompt_version") or "")
+        if not value:
+            return None
+        name, _, number = value.rpartition(":")
+        return name, int(number)

@@ -12,6 +12,13 @@ agent_patterns: list[URLPattern | URLResolver] = [
     path("requirements/<int:version>/activate/", views.requirements_activate_view, name="requirements_activate"),
     path("configuration/", views.configuration_view, name="configuration"),
     path("prompts/", views.agent_prompt_list_view, name="agent_prompt_list"),
+    path("trajectories/", views.agent_trajectory_list_view, name="agent_trajectory_list"),
+]
+
+trajectory_patterns: list[URLPattern | URLResolver] = [
+    path("", views.trajectory_detail_view, name="trajectory_detail"),
+    path("scores/", views.trajectory_score_create_view, name="trajectory_score_create"),
+    path("replays/", views.trajectory_replay_create_view, name="trajectory_replay_create"),
 ]
 
 prompt_patterns: list[URLPattern | URLResolver] = [
@@ -27,6 +34,11 @@ workspace_patterns: list[URLPattern | URLResolver] = [
     path("agents/<slug:agent_slug>/", include(agent_patterns)),
     path("prompts/", views.prompt_list_view, name="prompt_list"),
     path("prompts/<int:prompt_id>/", include(prompt_patterns)),
+    path("trajectories/", views.trajectory_list_view, name="trajectory_list"),
+    path("trajectories/<str:trace_id>/", include(trajectory_patterns)),
+    path("replays/<int:replay_id>/", views.replay_detail_view, name="replay_detail"),
+    path("sessions/", views.session_list_view, name="session_list"),
+    path("sessions/<path:session_id>/", views.session_detail_view, name="session_detail"),
     path("keys/", views.apikey_list_view, name="apikey_list"),
     path("keys/<int:key_id>/revoke/", views.apikey_revoke_view, name="apikey_revoke"),
 ]

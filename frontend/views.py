@@ -3,17 +3,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.forms import Form
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -33,7 +36,15 @@ from agent_registry.models import (
 )
 from config.errors import KeelError
 from frontend import forms
-from frontend.access import HtmxHttpRequest, workspace_view
+from frontend import trajectories as display
+from frontend.access import HtmxHttpRequest, membership_can_edit, workspace_view
+from frontend.templatetags import keel as keel_tags
+from tracing import replay
+from tracing import selectors as tracing_selectors
+from tracing import services as tracing_services
+from tracing.exceptions import ReplayConflict, ReplayInvalid, ScoreInvalid, TrajectoryListInvalid
+from tracing.models import ReplayStatus, ScoreSource, Trajectory
+from tracing.replay_diff import replay_diff
 
 # A worker runs the heartbeat every 30 s; three missed beats means it is gone.
 HEARTBEAT_STALE_SECONDS = 90
@@ -112,6 +123,7 @@ def workspace_home_view(request: HtmxHttpRequest, membership: Membership) -> Htt
     agent_findings = selectors.agent_feasibility_list(workspace=workspace)
     deployments = selectors.prompt_label_move_list_for_workspace(workspace=workspace, limit=8)
     heartbeat = selectors.worker_heartbeat_latest()
+    recent = tracing_selectors.trajectory_stats(workspace=workspace, since=timezone.now() - timedelta(hours=24))
 
     statuses = Counter(agent.status for agent, _ in agent_findings)
     severities = Counter(finding.severity for _, findings in agent_findings for finding in findings)
@@ -131,6 +143,7 @@ def workspace_home_view(request: HtmxHttpRequest, membership: Membership) -> Htt
             "heartbeat": heartbeat,
             "heartbeat_age": heartbeat_age,
             "heartbeat_healthy": heartbeat_age is not None and heartbeat_age <= HEARTBEAT_STALE_SECONDS,
+            "recent": recent,
         },
     )
 
@@ -740,3 +753,311 @@ def apikey_revoke_view(request: HtmxHttpRequest, membership: Membership, key_id:
     services.apikey_revoke(api_key=api_key)
     messages.success(request, f"Revoked {api_key.name} ({api_key.prefix}…). Clients using it now get 401.")
     return redirect("frontend:apikey_list", workspace_slug=membership.workspace.slug)
+
+
+# --- Trajectories ---------------------------------------------------------------------------------------
+
+TRAJECTORY_PAGE_SIZE = 50
+SESSION_PAGE_SIZE = 200
+# The htmx targets of the list: the whole result (a filter changed) or the rows after the last one.
+RESULTS_TARGET = "trajectory-results"
+MORE_TARGET = "trajectory-more"
+
+
+def _query_string(query: QueryDict, **changes: str | None) -> str:
+    """The query with `changes` applied and empty values dropped, so that shared links stay short."""
+    values = {key: [value for value in query.getlist(key) if value] for key in query}
+    for key, value in changes.items():
+        values[key] = [value] if value else []
+    encoded = QueryDict(mutable=True)
+    for key, items in values.items():
+        if items:
+            encoded.setlist(key, items)
+    return encoded.urlencode()
+
+
+def _trajectory_list(request: HtmxHttpRequest, membership: Membership, agent: Agent | None) -> HttpResponse:
+    workspace = membership.workspace
+    agents = [agent] if agent is not None else list(selectors.agent_list(workspace=workspace))
+    form = forms.TrajectoryFilterForm(
+        request.GET,
+        agents=agents,
+        prompt_names=[prompt.name for prompt in selectors.prompt_list(workspace=workspace, agent=agent)],
+        score_names=tracing_selectors.score_name_list(workspace=workspace),
+    )
+    form.is_valid()
+    query = form.query(timezone.now())
+    filters = dataclasses.replace(query.filters, agent_id=agent.pk) if agent is not None else query.filters
+    cursor = request.GET.get("cursor") or None
+    cursor_error = ""
+    try:
+        page = tracing_selectors.trajectory_list(
+            workspace=workspace, filters=filters, order=query.order, limit=TRAJECTORY_PAGE_SIZE, cursor=cursor
+        )
+    except TrajectoryListInvalid as error:
+        cursor_error, cursor = error.detail, None
+        page = tracing_selectors.trajectory_list(
+            workspace=workspace, filters=filters, order=query.order, limit=TRAJECTORY_PAGE_SIZE
+        )
+    list_url = (
+        reverse("frontend:agent_trajectory_list", args=[workspace.slug, agent.slug])
+        if agent is not None
+        else reverse("frontend:trajectory_list", args=[workspace.slug])
+    )
+    context = {
+        "agent": agent,
+        "tab": "trajectories",
+        "form": form,
+        "page": page,
+        "list_url": list_url,
+        "cursor": cursor,
+        "cursor_error": cursor_error,
+        "first_page_query": _query_string(request.GET, cursor=None),
+        "more_query": _query_string(request.GET, cursor=page.next_cursor) if page.next_cursor else "",
+        "results_target": RESULTS_TARGET,
+        "more_target": MORE_TARGET,
+    }
+    if request.htmx and request.htmx.target == MORE_TARGET:
+        return _render(request, membership, "frontend/trajectories/_rows.html", context)
+    if request.htmx and request.htmx.target == RESULTS_TARGET:
+        return _render(request, membership, "frontend/trajectories/_results.html", context)
+    template = "frontend/trajectories/agent_list.html" if agent is not None else "frontend/trajectories/list.html"
+    return _render(request, membership, template, context)
+
+
+@workspace_view()
+@require_GET
+def trajectory_list_view(request: HtmxHttpRequest, membership: Membership) -> HttpResponse:
+    return _trajectory_list(request, membership, None)
+
+
+@workspace_view()
+@require_GET
+def agent_trajectory_list_view(request: HtmxHttpRequest, membership: Membership, agent_slug: str) -> HttpResponse:
+    agent = selectors.agent_get(workspace=membership.workspace, slug=agent_slug)
+    return _trajectory_list(request, membership, agent)
+
+
+def _selected_step(raw: str | None, steps: Sequence[display.StepView]) -> display.StepView | None:
+    """The step the page opens on: the one in `?step=`, else the first error, else the first step."""
+    if raw is not None and raw.isdigit() and int(raw) < len(steps):
+        return steps[int(raw)]
+    return next((item for item in steps if item.is_error), steps[0] if steps else None)
+
+
+@dataclass(frozen=True)
+class ScoreTarget:
+    """The step option of the score form: the selected step, or the span a rejected form named."""
+
+    span_id: str
+    label: str
+    chosen: bool
+
+
+def _trajectory_page(
+    request: HttpRequest,
+    membership: Membership,
+    trajectory: Trajectory,
+    score_form: forms.ScoreForm | None = None,
+    replay_form: forms.ReplayForm | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    view = tracing_selectors.trajectory_view(trajectory=trajectory)
+    can_edit = membership_can_edit(membership)
+    if replay_form is None and can_edit:
+        replay_form = _replay_form(membership, trajectory)
+    steps = display.step_views(view)
+    selected = _selected_step(request.GET.get("step"), steps)
+    scores = list(tracing_selectors.trajectory_score_list(trajectory=trajectory))
+    step_of_span = display.first_step_of_span(steps)
+    score_form = score_form or forms.ScoreForm()
+    posted_span = str(score_form.data.get("span_id") or "").strip().lower() if score_form.is_bound else ""
+    target = next((item for item in steps if item.step.span_id == posted_span), None) if posted_span else selected
+    score_target = ScoreTarget(
+        span_id=posted_span or (target.step.span_id if target is not None else ""),
+        label=f"Step {target.index} · {target.title}" if target is not None else f"Span {posted_span}",
+        chosen=bool(posted_span),
+    )
+    total_ms = max(view.end_time_ns - view.start_time_ns, 0) / 1e6
+    return _render(
+        request,
+        membership,
+        "frontend/trajectories/detail.html",
+        {
+            "trajectory": trajectory,
+            "view": view,
+            "steps": steps,
+            "bars": display.waterfall(view, steps),
+            "selected": selected,
+            "scores": [(score, step_of_span.get(score.span_id)) for score in scores],
+            "score_form": score_form,
+            "prompt_versions": list(tracing_selectors.trajectory_prompt_version_list(trajectory=trajectory)),
+            "step_count": len(steps),
+            "first_error": next((item.index for item in steps if item.is_error), None),
+            "scale": [total_ms * fraction for fraction in (0, 0.25, 0.5, 0.75, 1)],
+            "score_target": score_target,
+            "replay_form": replay_form,
+            "replays": list(tracing_selectors.replay_list(trajectory=trajectory)),
+            "made_by": tracing_selectors.replay_of_trajectory(trajectory=trajectory)
+            if trajectory.replay_of_id
+            else None,
+        },
+        status=status,
+    )
+
+
+@workspace_view()
+@require_GET
+def trajectory_detail_view(request: HtmxHttpRequest, membership: Membership, trace_id: str) -> HttpResponse:
+    trajectory = tracing_selectors.trajectory_get(workspace=membership.workspace, trace_id=trace_id)
+    return _trajectory_page(request, membership, trajectory)
+
+
+_SCORE_FIELDS = {"value": "value", "string_value": "category", "data_type": "data_type", "": "name"}
+
+
+@workspace_view()
+@require_POST
+def trajectory_score_create_view(request: HtmxHttpRequest, membership: Membership, trace_id: str) -> HttpResponse:
+    trajectory = tracing_selectors.trajectory_get(workspace=membership.workspace, trace_id=trace_id)
+    form = forms.ScoreForm(request.POST)
+    if form.is_valid():
+        arguments = form.score_arguments()
+        try:
+            score = tracing_services.score_create(
+                trajectory=trajectory, **arguments, source=ScoreSource.HUMAN, created_by=membership.user
+            )
+        except ScoreInvalid as error:
+            fields = {
+                **_SCORE_FIELDS,
+                "string_value": "correction" if arguments["data_type"] == "correction" else "category",
+            }
+            _keel_errors_to_form(form, error, fields)
+        else:
+            target = "this trajectory" if not score.span_id else f"span {score.span_id}"
+            messages.success(request, f"Added the score {score.name} = {keel_tags.score_value(score)} to {target}.")
+            return redirect(
+                reverse("frontend:trajectory_detail", args=[membership.workspace.slug, trace_id]) + "#scores"
+            )
+    return _trajectory_page(request, membership, trajectory, score_form=form, status=422)
+
+
+# --- Sessions -------------------------------------------------------------------------------------------
+
+
+@workspace_view()
+@require_GET
+def session_list_view(request: HtmxHttpRequest, membership: Membership) -> HttpResponse:
+    sessions = tracing_selectors.session_list(workspace=membership.workspace, limit=SESSION_PAGE_SIZE)
+    return _render(
+        request, membership, "frontend/sessions/list.html", {"sessions": sessions, "limit": SESSION_PAGE_SIZE}
+    )
+
+
+@dataclass(frozen=True)
+class SessionTurnView:
+    trajectory: Trajectory
+    turn: display.SessionTurn
+
+
+@workspace_view()
+@require_GET
+def session_detail_view(request: HtmxHttpRequest, membership: Membership, session_id: str) -> HttpResponse:
+    trajectories = list(tracing_selectors.session_trajectories(workspace=membership.workspace, session_id=session_id))
+    views = tracing_selectors.trajectory_views(trajectories=trajectories)
+    turns = display.session_turns([views[trajectory.pk] for trajectory in trajectories])
+    return _render(
+        request,
+        membership,
+        "frontend/sessions/detail.html",
+        {
+            "session_id": session_id,
+            "turns": [SessionTurnView(t, turn) for t, turn in zip(trajectories, turns, strict=True)],
+            "first": trajectories[0],
+            "last": trajectories[-1],
+            "total_tokens": sum(t.total_tokens for t in trajectories),
+            "cost_usd": sum((t.cost_usd for t in trajectories), Decimal(0)),
+            "error_count": sum(t.error_count for t in trajectories),
+            "agents": sorted({t.agent.name for t in trajectories if t.agent is not None}),
+            "users": sorted({t.user_id for t in trajectories if t.user_id}),
+        },
+    )
+
+
+# --- Replays --------------------------------------------------------------------------------------------
+
+REPLAY_POLL_STATUSES = (ReplayStatus.PENDING, ReplayStatus.RUNNING)
+_REPLAY_FIELDS = {"": "from_step", "from_step": "from_step", "prompt_version": "prompt_version", "model": "model"}
+
+
+def _replay_form(membership: Membership, trajectory: Trajectory, data: QueryDict | None = None) -> forms.ReplayForm:
+    """The replay form, offering the prompt versions of the trajectory's agent."""
+    agent = trajectory.agent
+    prompts = selectors.prompt_list(workspace=membership.workspace, agent=agent) if agent is not None else []
+    return forms.ReplayForm(data, prompts=prompts)
+
+
+@workspace_view()
+@require_POST
+def trajectory_replay_create_view(request: HtmxHttpRequest, membership: Membership, trace_id: str) -> HttpResponse:
+    trajectory = tracing_selectors.trajectory_get(workspace=membership.workspace, trace_id=trace_id)
+    form = _replay_form(membership, trajectory, request.POST)
+    if form.is_valid():
+        data = form.cleaned_data
+        wanted = form.prompt_version_wanted()
+        prompt_version = (
+            selectors.prompt_version_resolve(workspace=membership.workspace, name=wanted[0], version=wanted[1])
+            if wanted is not None
+            else None
+        )
+        try:
+            created = replay.replay_create(
+                original=trajectory,
+                from_step=data["from_step"],
+                prompt_version=prompt_version,
+                model=data["model"].strip(),
+                divergence_policy=data["divergence"],
+                stub_result=data["stub_result"],
+                max_steps=data["max_steps"] or replay.DEFAULT_MAX_STEPS,
+                created_by=membership.user,
+            )
+        except ReplayInvalid as error:
+            _keel_errors_to_form(form, error, {**_REPLAY_FIELDS, "divergence": "divergence", "max_steps": "max_steps"})
+        except ReplayConflict as error:
+            form.add_error(None, error.detail)
+        else:
+            messages.success(request, f"Replay {created.pk} is queued: it re-runs from step {created.from_step}.")
+            return redirect("frontend:replay_detail", workspace_slug=membership.workspace.slug, replay_id=created.pk)
+    return _trajectory_page(request, membership, trajectory, replay_form=form, status=422)
+
+
+@workspace_view()
+@require_GET
+def replay_detail_view(request: HtmxHttpRequest, membership: Membership, replay_id: int) -> HttpResponse:
+    """A replay: progress while it runs (htmx asks again every second), then the diff against its original."""
+    found = tracing_selectors.replay_get(workspace=membership.workspace, replay_id=replay_id)
+    context: dict[str, Any] = {
+        "replay": found,
+        "original": found.original,
+        "polling": found.status in REPLAY_POLL_STATUSES,
+        "percent": min(100, round(100 * found.steps_done / found.steps_planned)) if found.steps_planned else 0,
+    }
+    if found.replay_trajectory is not None and not context["polling"]:
+        views = tracing_selectors.trajectory_views(trajectories=[found.original, found.replay_trajectory])
+        original_view, replay_view = views[found.original.pk], views[found.replay_trajectory.pk]
+        diff = replay_diff(original_view, replay_view, from_step=found.from_step)
+        rows = display.diff_rows(diff, original_view, replay_view)
+        context.update(
+            diff=diff,
+            diff_totals=[
+                ("Original", diff.totals.original),
+                ("Replay", diff.totals.replay),
+                ("Original, from the re-made call", diff.replayed_totals.original),
+                ("Replay, from the re-made call", diff.replayed_totals.replay),
+            ],
+            history=[row for row in rows if not row.pair.replayed],
+            replayed=[row for row in rows if row.pair.replayed],
+            same_history=sum(1 for row in rows if not row.pair.replayed and row.pair.status == "same"),
+        )
+    template = "frontend/replays/_status.html" if request.htmx else "frontend/replays/detail.html"
+    return _render(request, membership, template, context)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django import template
@@ -92,3 +93,59 @@ def ago(value: datetime | None) -> str:
     if (timezone.now() - value).total_seconds() < 60:
         return "just now"
     return f"{timesince(value, depth=1)} ago"
+
+
+@register.filter
+def usd(value: Any) -> str:
+    """A cost in US dollars, with the precision small amounts need: $0.0004, $0.021, $1.25."""
+    if value is None or value == "":
+        return "—"
+    try:
+        amount = Decimal(str(value))
+    except (InvalidOperation, ValueError):
+        return str(value)
+    if amount == 0:
+        return "$0"
+    if abs(amount) < Decimal("0.01"):
+        return f"${amount:.4f}"
+    if abs(amount) < 1:
+        return f"${amount:.3f}"
+    return f"${amount:,.2f}"
+
+
+@register.filter
+def duration(value: Any) -> str:
+    """Milliseconds as a duration: 840 ms, 8.5 s, 2 min 3 s."""
+    if value is None or value == "":
+        return "—"
+    milliseconds = float(value)
+    if milliseconds < 1:
+        return f"{milliseconds:.2f} ms" if milliseconds else "0 ms"
+    if milliseconds < 1000:
+        return f"{milliseconds:.0f} ms"
+    if milliseconds < 60_000:
+        return f"{milliseconds / 1000:.1f} s"
+    minutes, seconds = divmod(round(milliseconds / 1000), 60)
+    return f"{minutes} min {seconds} s" if seconds else f"{minutes} min"
+
+
+@register.filter
+def number(value: Any) -> str:
+    """An integer with thousands separators: 41179 → 41,179."""
+    if value is None or value == "":
+        return "—"
+    try:
+        return f"{int(value):,}"
+    except (TypeError, ValueError):
+        return str(value)
+
+
+@register.filter
+def score_value(score: Any) -> str:
+    """A score's value as a person reads it: 4.5, yes / no, the category, or the corrected text."""
+    data_type = getattr(score, "data_type", "")
+    if data_type == "boolean":
+        return "yes" if getattr(score, "value", 0) else "no"
+    if data_type == "numeric":
+        return f"{getattr(score, 'value', 0):g}"
+    return str(getattr(score, "string_value", ""))

@@ -1,5 +1,5 @@
-"""Two workspaces, each with an agent that has requirements, a prompt with two versions and a key,
-and a client per role in the first."""
+"""Two workspaces, each with an agent that has requirements, a prompt with two versions, a key, a recorded
+trajectory with a pending replay, and a client per role in the first."""
 
 from __future__ import annotations
 
@@ -29,6 +29,9 @@ from agent_registry.tests.factories import (
     UserFactory,
     requirements_answers,
 )
+from frontend.tests import traces
+from tracing import replay
+from tracing.models import Replay, Score, Trajectory
 
 
 @dataclass
@@ -37,6 +40,8 @@ class Tenant:
     agent: Agent
     prompt: Prompt
     api_key: ApiKey
+    trajectory: Trajectory
+    replay: Replay
 
 
 def _tenant(workspace: Workspace, author: User) -> Tenant:
@@ -64,7 +69,16 @@ def _tenant(workspace: Workspace, author: User) -> Tenant:
         prompt=first.prompt, template="Hi {{name}}! About {{topic}}:", commit_message="friendlier", created_by=author
     )
     api_key, _ = services.apikey_create(workspace=workspace, name="ingest", scopes=["ingest"], created_by=author)
-    return Tenant(workspace=workspace, agent=agent, prompt=first.prompt, api_key=api_key)
+    trajectory = traces.conversation(workspace, f"{workspace.slug}/refund")
+    pending = replay.replay_create(original=trajectory, from_step=3, created_by=author)
+    return Tenant(
+        workspace=workspace,
+        agent=agent,
+        prompt=first.prompt,
+        api_key=api_key,
+        trajectory=trajectory,
+        replay=pending,
+    )
 
 
 @pytest.fixture
@@ -121,6 +135,13 @@ def page_urls(tenant: Tenant) -> dict[str, str]:
         "prompt_diff": f"/w/{ws}/prompts/{prompt}/?from=1&to=2",
         "prompt_render": f"/w/{ws}/prompts/{prompt}/render/?version=1&var.name=Ada&var.topic=refunds",
         "apikey_list": f"/w/{ws}/keys/",
+        "trajectory_list": f"/w/{ws}/trajectories/",
+        "trajectory_list_filtered": f"/w/{ws}/trajectories/?period=7d&status=ok&q=charged&order=-cost",
+        "agent_trajectory_list": f"/w/{ws}/agents/{agent}/trajectories/",
+        "trajectory_detail": f"/w/{ws}/trajectories/{tenant.trajectory.trace_id}/",
+        "session_list": f"/w/{ws}/sessions/",
+        "session_detail": f"/w/{ws}/sessions/{tenant.trajectory.session_id}/",
+        "replay_detail": f"/w/{ws}/replays/{tenant.replay.pk}/",
     }
 
 
@@ -129,6 +150,7 @@ def post_cases(tenant: Tenant) -> dict[str, tuple[str, dict[str, Any]]]:
     from frontend import forms
 
     ws, agent, prompt = tenant.workspace.slug, tenant.agent.slug, tenant.prompt.pk
+    trace_id = tenant.trajectory.trace_id
     answers = forms.requirements_form_values(requirements_answers(**{"io_gap.steps_p95": 7}))
     return {
         "agent_create": (f"/w/{ws}/agents/", {"slug": "new-agent", "name": "New agent"}),
@@ -146,6 +168,14 @@ def post_cases(tenant: Tenant) -> dict[str, tuple[str, dict[str, Any]]]:
         "prompt_label_move": (f"/w/{ws}/prompts/{prompt}/labels/", {"label": "production", "version": "2"}),
         "apikey_create": (f"/w/{ws}/keys/", {"name": "new key", "scopes": ["ingest", "read"]}),
         "apikey_revoke": (f"/w/{ws}/keys/{tenant.api_key.pk}/revoke/", {}),
+        "trajectory_score_create": (
+            f"/w/{ws}/trajectories/{trace_id}/scores/",
+            {"name": "resolved", "data_type": "boolean", "verdict": "true"},
+        ),
+        "trajectory_replay_create": (
+            f"/w/{ws}/trajectories/{trace_id}/replays/",
+            {"from_step": "3", "prompt_version": "support/triage:2", "divergence": "stop", "max_steps": "5"},
+        ),
     }
 
 
@@ -161,4 +191,7 @@ def db_state() -> dict[str, list[Any]]:
         "labels": list(PromptLabel.objects.order_by("pk").values_list("prompt_id", "name", "version_id")),
         "label_moves": list(PromptLabelMove.objects.order_by("pk").values_list("pk", flat=True)),
         "api_keys": list(ApiKey.objects.order_by("pk").values_list("pk", "revoked_at")),
+        "trajectories": list(Trajectory.objects.order_by("pk").values_list("pk", "trace_id", "status")),
+        "scores": list(Score.objects.order_by("pk").values_list("pk", "name", "value", "string_value")),
+        "replays": list(Replay.objects.order_by("pk").values_list("pk", "status")),
     }

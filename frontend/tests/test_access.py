@@ -26,6 +26,13 @@ PAGES = [
     "prompt_diff",
     "prompt_render",
     "apikey_list",
+    "trajectory_list",
+    "trajectory_list_filtered",
+    "agent_trajectory_list",
+    "trajectory_detail",
+    "session_list",
+    "session_detail",
+    "replay_detail",
 ]
 POSTS = [
     "agent_create",
@@ -37,6 +44,8 @@ POSTS = [
     "prompt_label_move",
     "apikey_create",
     "apikey_revoke",
+    "trajectory_score_create",
+    "trajectory_replay_create",
 ]
 
 
@@ -48,6 +57,7 @@ ROUTE_OF = {
     "requirements_save": "requirements_edit",
     "prompt_create": "agent_prompt_list",
     "apikey_create": "apikey_list",
+    "trajectory_list_filtered": "trajectory_list",
 }
 
 

@@ -1,0 +1,154 @@
+"""The demo's trajectories: recorded with the OpenTelemetry SDK, ingested through Keel's own path, varied
+enough to show every page, and seeded once however often `demo_seed` runs."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from agent_registry import demo as registry_demo
+from agent_registry.models import ApiKey, PromptVersion
+from tracing import demo, selectors
+from tracing.models import BatchStatus, IngestBatch, Score, Span, Trajectory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def seeded():
+    return registry_demo.demo_seed()
+
+
+def _counts() -> dict[str, int]:
+    return {
+        "trajectories": Trajectory.objects.count(),
+        "spans": Span.objects.count(),
+        "scores": Score.objects.count(),
+        "batches": IngestBatch.objects.count(),
+        "keys": ApiKey.objects.count(),
+    }
+
+
+def test_seeding_twice_adds_nothing(seeded):
+    first = _counts()
+
+    registry_demo.demo_seed()
+    added = demo.demo_traces_seed(seeded)
+
+    assert _counts() == first
+    assert added == 0
+    assert first["trajectories"] == len(demo.week_plan()) + sum(
+        1
+        for session in demo.week_plan()
+        if session.scenario == "misunderstood" or dict(session.options).get("follow_up")
+    )
+
+
+def test_the_trajectories_come_through_ingest_with_the_demo_key(seeded):
+    batch = IngestBatch.objects.get(workspace=seeded)
+    trajectories = Trajectory.objects.filter(workspace=seeded).select_related("agent")
+
+    assert batch.status == BatchStatus.DONE
+    assert batch.source == "otlp"
+    assert batch.api_key is not None
+    assert batch.api_key.name == demo.DEMO_KEY_NAME
+    assert batch.api_key.scopes == ["ingest"]
+    assert batch.span_count == Span.objects.filter(workspace=seeded).count()
+    assert Counter(t.agent.slug for t in trajectories if t.agent is not None) == {
+        "ride-support": 33,
+        "shopping-assistant": 30,
+    }
+    assert 55 <= trajectories.count() <= 70
+
+
+def test_the_week_is_spread_over_seven_days_with_recent_traffic(seeded):
+    now = timezone.now()
+    started = sorted(Trajectory.objects.filter(workspace=seeded).values_list("started_at", flat=True))
+
+    assert started[0] >= now - timedelta(days=7, minutes=5)
+    assert started[-1] <= now
+    assert sum(1 for moment in started if moment >= now - timedelta(hours=24)) >= 10
+    assert sum(1 for moment in started if moment < now - timedelta(days=3)) >= 10
+
+
+def _tool_calls(trajectory: Trajectory) -> list[tuple[str, str | None]]:
+    view = selectors.trajectory_view(trajectory=trajectory)
+    return [(call.name, call.error) for call in view.tool_calls if call.source == "span"]
+
+
+def test_the_expected_variety_is_there(seeded):
+    trajectories = Trajectory.objects.filter(workspace=seeded)
+
+    # Successful refunds.
+    refunds = [t for t in trajectories.filter(tags__contains=["double-charge"]) if t.status == "ok"]
+    assert len(refunds) == 12
+    assert all(("issue_refund", None) in _tool_calls(t) for t in refunds)
+    # A tool timeout that failed the run, with the error text.
+    (timeout, *_) = trajectories.filter(tags__contains=["tool-error"])
+    assert timeout.status == "error"
+    assert ("lookup_payment", "TimeoutError: payments-service did not answer within 10 s") in _tool_calls(timeout)
+    # A safety complaint escalated to a human at once.
+    safety = trajectories.filter(tags__contains=["safety"])
+    assert safety.count() == 2
+    assert all(_tool_calls(t) == [("escalate_to_human", None)] for t in safety)
+    # A rider who had to rephrase: two turns of one session, the first corrected by a reviewer.
+    rephrased = trajectories.filter(tags__contains=["rephrased"]).order_by("trace_id").first()
+    assert rephrased is not None
+    first_turn = trajectories.filter(session_id=rephrased.session_id).order_by("started_at").first()
+    assert first_turn is not None
+    assert first_turn != rephrased
+    assert first_turn.scores.filter(data_type="correction").exists()
+    said = [m["content"] for m in selectors.trajectory_view(trajectory=rephrased).conversation if m["role"] == "user"]
+    assert said[-1] == "No, I don't want a refund!! I LEFT MY PHONE in the car. How do I get it back?"
+    # A looping tool call: the same search five times.
+    loop = trajectories.get(tags__contains=["loop"])
+    searches = [c for c in selectors.trajectory_view(trajectory=loop).tool_calls if c.source == "span"]
+    assert len(searches) == 5
+    assert len({str(c.arguments) for c in searches}) == 1
+    # A long run, with a sub-agent.
+    long = trajectories.order_by("-step_count").first()
+    assert long is not None
+    assert long.step_count >= 40
+    assert any(step.kind == "agent" and step.depth == 1 for step in selectors.trajectory_view(trajectory=long).steps)
+    # Shopping queries answered from catalog searches.
+    shopping = trajectories.filter(agent__slug="shopping-assistant")
+    assert all(any(name == "search_catalog" for name, _ in _tool_calls(t)) for t in shopping)
+    # Sessions of several turns.
+    turns = Counter(trajectories.values_list("session_id", flat=True))
+    assert sum(1 for count in turns.values() if count >= 2) >= 10
+
+
+def test_trajectories_link_to_the_demo_prompt_versions(seeded):
+    linked = {
+        (version.prompt.name, version.version)
+        for version in PromptVersion.objects.filter(trajectories__workspace=seeded).select_related("prompt")
+    }
+
+    assert linked == {
+        ("shopping-assistant/system", 1),
+        ("shopping-assistant/system", 2),
+        ("ride-support/system", 1),
+        ("ride-support/system", 2),
+    }
+
+
+def test_reviewers_left_scores_of_every_kind(seeded):
+    scores = Score.objects.filter(workspace=seeded).select_related("created_by")
+
+    assert {score.data_type for score in scores} == {"numeric", "boolean", "categorical", "correction"}
+    assert {score.source for score in scores} == {"human"}
+    assert {score.created_by.username for score in scores if score.created_by} == {registry_demo.DEMO_USERNAME}
+    (step_score,) = [score for score in scores if score.span_id]
+    assert step_score.name == "redundant_call"
+    assert Span.objects.filter(trajectory=step_score.trajectory, span_id=step_score.span_id, tool_name="search_catalog")
+
+
+def test_the_recording_is_reproducible():
+    first, second = demo.week_plan(), demo.week_plan()
+
+    assert first == second
+    assert demo.trace_hex("ride-support/01/1") == demo.trace_hex("ride-support/01/1")
+    assert demo.Dice("seed").randint(0, 10**9) == demo.Dice("seed").randint(0, 10**9)
