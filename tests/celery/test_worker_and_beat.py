@@ -18,8 +18,8 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from agent_registry.models import WorkerHeartbeat
 
-# serialized_rollback keeps the rows that migrations created (the heartbeat schedule) across flushes.
-pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
+# Real worker and beat processes read what the test wrote, so the data must be committed.
+pytestmark = pytest.mark.django_db(transaction=True)
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 HEARTBEAT = "agent_registry.worker_heartbeat_record"
@@ -122,9 +122,12 @@ def test_a_worker_runs_a_task_sent_through_the_broker(broker, tmp_path):
 
 def test_beat_sends_the_database_schedule_and_the_worker_runs_it(broker, tmp_path):
     broker_url, broker_dir = broker
-    # The migration scheduled the heartbeat every 30 s; make it every second for the test.
+    # The migration schedules the heartbeat every 30 s (tested in agent_registry); earlier transactional
+    # tests flush that row, so the schedule is written here, every second, as the migration writes it.
     every_second, _ = IntervalSchedule.objects.get_or_create(every=1, period=IntervalSchedule.SECONDS)
-    assert PeriodicTask.objects.filter(task=HEARTBEAT).update(interval=every_second, last_run_at=None) == 1
+    PeriodicTask.objects.update_or_create(
+        name="Worker heartbeat", defaults={"task": HEARTBEAT, "interval": every_second, "enabled": True}
+    )
     env = _process_env(broker_url, broker_dir)
     worker_log, beat_log = tmp_path / "worker.log", tmp_path / "beat.log"
     worker = _start(["worker", "-l", "info", "-c", "1", "--without-mingle", "--without-gossip"], env, worker_log)
