@@ -6,12 +6,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import django_stubs_ext
+
 from config.settings.components.celery import *
 from config.settings.components.database import *
 from config.settings.components.tracing import *
 from config.settings.env import env_bool, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parents[2]
+
+# Lets typed generics such as admin.ModelAdmin[Agent] run (django-stubs' runtime companion).
+django_stubs_ext.monkeypatch()
 
 # litellm fetches its price map from GitHub at import unless told to use the copy it ships.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -36,6 +41,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django.contrib.postgres",
+    "ninja",  # serves the interactive API docs from its own static files, not a CDN
     "django_htmx",
     "django_celery_beat",
     "agent_registry",
@@ -97,7 +103,11 @@ USE_TZ = True
 
 STATIC_URL = "/static/"
 STATIC_ROOT = VAR_DIR / "static"
-STATICFILES_DIRS = [BASE_DIR / "frontend" / "node_modules" / "htmx.org" / "dist"]
+# Front-end libraries installed with npm (frontend/package.json), served from their dist folders: no CDN.
+STATICFILES_DIRS = [
+    BASE_DIR / "frontend" / "node_modules" / "htmx.org" / "dist",
+    ("uplot", BASE_DIR / "frontend" / "node_modules" / "uplot" / "dist"),
+]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
@@ -108,6 +118,16 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Largest request body Keel reads (OTLP batches are the big ones); larger gets 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("KEEL_MAX_BODY_BYTES", 16 * 1024 * 1024)
+
+# Alert emails (tracing.alerts). The console backend prints them; set an SMTP backend and its
+# EMAIL_HOST/EMAIL_PORT/... variables to send real mail. Tests use Django's in-memory backend.
+EMAIL_BACKEND = env_str("KEEL_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+DEFAULT_FROM_EMAIL = env_str("KEEL_FROM_EMAIL", "Keel <keel@localhost>")
 
 # API keys record their last use at most this often, so a busy key costs one write a minute.
 API_KEY_LAST_USED_RESOLUTION_SECONDS = 60

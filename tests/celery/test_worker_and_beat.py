@@ -1,5 +1,5 @@
-"""Real Celery processes against the real brokers: kombu's filesystem transport (the embedded default)
-and the machine's Redis. A worker consumes a task that a producer sent; beat reads its schedule from
+"""Real Celery processes against the real brokers: kombu's filesystem transport (the embedded default),
+the machine's Redis and RabbitMQ. A worker consumes a task that a producer sent; beat reads its schedule from
 the database (django-celery-beat) and the worker runs what it sends."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 BASE_DIR = Path(__file__).resolve().parents[2]
 HEARTBEAT = "agent_registry.worker_heartbeat_record"
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
+AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
 
 def _process_env(broker_url: str | None, broker_dir: Path) -> dict[str, str]:
@@ -72,11 +73,17 @@ def _wait_for_beats(count: int, timeout: float, log: Path) -> WorkerHeartbeat:
     raise AssertionError(f"no {count} heartbeats within {timeout} s; process log:\n{log.read_text()[-4000:]}")
 
 
-@pytest.fixture(params=["filesystem", "redis"])
+@pytest.fixture(params=["filesystem", "redis", "amqp"])
 def broker(request, tmp_path) -> Iterator[tuple[str | None, Path]]:
     """(CELERY_BROKER_URL, KEEL_BROKER_DIR); None means the embedded default (filesystem)."""
     if request.param == "filesystem":
         yield None, tmp_path / "broker"
+        return
+    if request.param == "amqp":
+        # RabbitMQ: .ci/run starts it when it is not running; leftovers of earlier runs are purged.
+        Celery("purge", broker=AMQP_URL).control.purge()
+        yield AMQP_URL, tmp_path / "unused"
+        Celery("purge", broker=AMQP_URL).control.purge()
         return
     import redis
 
