@@ -10,7 +10,8 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal
 
-from django.http import HttpRequest
+import orjson
+from django.http import HttpRequest, HttpResponse
 from ninja import Body, Field, Query, Router, Schema, Status
 
 from agent_registry import selectors as registry_selectors
@@ -202,22 +203,43 @@ def _trajectory_out(trajectory: Trajectory) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {field.name: _plain(getattr(value, field.name)) for field in dataclasses.fields(value)}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    if isinstance(value, dict):
-        return {str(key): _plain(item) for key, item in value.items()}
-    return value
+    """Dataclasses (steps, tool calls) as JSON-ready values; orjson does the walk in C."""
+    return orjson.loads(orjson.dumps(value, default=str))
 
 
-def _detail_out(trajectory: Trajectory, view: TrajectoryView) -> dict[str, Any]:
+def _step_details(view: TrajectoryView, include_inputs: bool) -> list[dict[str, Any]]:
+    """The steps, each LLM call with only the input messages it added to what the previous call saw
+    (`input_messages`, plus `input_message_count` for the whole input) unless `include_inputs`: every
+    call repeats the history, so full inputs grow with the square of the trajectory's length."""
+    details = []
+    previous: tuple[dict[str, Any], ...] = ()
+    previous_output: dict[str, Any] | None = None
+    for step in view.steps:
+        inputs = step.input_messages
+        if step.kind != "llm_call" or inputs is None:
+            details.append(_plain(step))
+            continue
+        shown = inputs
+        if not include_inputs:
+            known = len(previous)
+            shown = inputs[known:] if inputs[:known] == previous else inputs
+            # The previous call's answer opens this call's new input; it is shown with that call.
+            if shown and previous_output is not None and shown[0] == previous_output:
+                shown = shown[1:]
+        detail = _plain(dataclasses.replace(step, input_messages=shown))
+        detail["input_message_count"] = len(inputs)
+        details.append(detail)
+        previous, previous_output = inputs, step.output_message
+    return details
+
+
+def _detail_out(trajectory: Trajectory, view: TrajectoryView, include_inputs: bool) -> dict[str, Any]:
     return {
         **_trajectory_out(trajectory),
         "prompt_versions": selectors.trajectory_prompt_versions(trajectory=trajectory),
-        "step_details": [_plain(step) for step in view.steps],
+        "step_details": _step_details(view, include_inputs),
         "conversation": _plain(view.conversation),
-        "tool_calls_detail": [_plain(call) for call in view.tool_calls],
+        "tool_calls_detail": _plain(view.tool_calls),
         "tool_definitions": _plain(view.tool_definitions),
         "metadata": trajectory.metadata,
         "task_id": trajectory.task_id,
@@ -286,12 +308,19 @@ def trajectory_list_api(request: HttpRequest, query: Query[TrajectoryListQuery])
 
 
 @router.get("/trajectories/{trace_id}", auth=READ, response={200: TrajectoryDetailOut, **ERRORS})
-def trajectory_get_api(request: HttpRequest, trace_id: str) -> Any:
-    """One trajectory with all its steps (messages, LLM calls, tool calls as a tree), conversation and scores."""
+def trajectory_get_api(request: HttpRequest, trace_id: str, include_inputs: bool = False) -> Any:
+    """One trajectory with all its steps (messages, LLM calls, tool calls as a tree), conversation and scores.
+
+    Each LLM call lists only the input messages it added; `include_inputs=true` gives every call's full
+    input (large for long trajectories).
+    """
     trajectory = selectors.trajectory_get(
         workspace=request_workspace(request), trace_id=trace_id, agent_ids=request_agent_ids(request)
     )
-    return _detail_out(trajectory, selectors.trajectory_view(trajectory=trajectory))
+    body = _detail_out(trajectory, selectors.trajectory_view(trajectory=trajectory), include_inputs)
+    # Serialized here with orjson: the schema above documents the shape, and validating a body of
+    # thousands of nested messages through pydantic again would cost more than building it.
+    return HttpResponse(orjson.dumps(body, default=str), content_type="application/json")
 
 
 @router.get("/trajectories/{trace_id}/scores", auth=READ, response={200: list[ScoreOut], **ERRORS})

@@ -11,7 +11,8 @@ Two stages, both total functions of their input:
 2. `map_span` reads the attributes of one `RawSpan` into a `Span`, trying for every field Keel's own
    `keel.*` attributes first, then Langfuse's `langfuse.*`, then OpenInference, then the OpenTelemetry
    GenAI semantic conventions (current names, then the older ones). Attributes that were read into a
-   field leave `attributes`; everything else stays there, so nothing is lost.
+   field leave `attributes` (but the finish-reason ones, which the exports pass on); everything else
+   stays there, so nothing is lost.
 
 Keel's own attributes, for agents that want to say exactly what they mean:
 
@@ -820,7 +821,8 @@ class Span:
 
     For generation spans `input` and `output` are lists of OpenAI-style messages
     (`{"role", "content", "tool_calls"?, "tool_call_id"?, "name"?}`) whenever the source carries messages;
-    otherwise they hold the JSON value or the text that was sent.
+    otherwise they hold the JSON value or the text that was sent. An output message's `finish_reason`
+    is not kept in the message but in `finish_reasons`, with the span's own finish-reason attributes.
     """
 
     trace_id: str
@@ -863,6 +865,9 @@ class Span:
     scope_version: str
     attributes: dict[str, Any]
     truncated_attributes: dict[str, int]
+    # Why the model stopped, one reason per choice ("stop", "length", "tool_calls", Anthropic's
+    # "max_tokens"...), as the provider words it. Last, with a default: spans are built by name elsewhere.
+    finish_reasons: tuple[str, ...] = ()
 
     @property
     def model(self) -> str | None:
@@ -906,6 +911,8 @@ _RESPONSE_MODEL_KEYS: Final = (
 _COST_KEYS: Final = ("llm.cost.total", "gen_ai.usage.cost")
 _TOOL_NAME_KEYS: Final = ("tool.name", "gen_ai.tool.name")
 _TOOL_CALL_ID_KEYS: Final = ("tool_call.id", "tool.id", "gen_ai.tool.call.id")
+# OpenInference-style, then the GenAI conventions, then OpenLLMetry's older name.
+_FINISH_REASON_KEYS: Final = ("llm.finish_reason", "gen_ai.response.finish_reasons", "llm.response.finish_reason")
 _USAGE_ATTRIBUTE_KEYS: Final = {
     "input_tokens": ("llm.token_count.prompt", "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"),
     "output_tokens": (
@@ -1108,7 +1115,12 @@ def _map(raw: RawSpan, *, with_content: bool) -> Span:
     status, status_message = _status(raw, attributes, used)
     error_type, error_message = _error(raw, attributes, status, status_message, used)
     usage = _usage(attributes, values, used)
-    content = _Content(raw, groups, span_type, used) if with_content and reads_content else None
+    finish_reasons: tuple[str, ...] | None = values.get("finish_reasons")
+    if finish_reasons is not None:
+        # Read, yet left in `attributes`: the Langfuse and OTLP exports pass the unmapped attributes on and
+        # have no name of their own for this field.
+        used.difference_update(_FINISH_REASON_KEYS)
+    content = _Content(raw, groups, span_type, used, finish_reasons is None) if with_content and reads_content else None
     tool_name = values.get("tool_name")
     if tool_name is None and span_type == "tool":
         tool_name = raw.name.removeprefix("execute_tool ").strip() or None
@@ -1163,6 +1175,7 @@ def _map(raw: RawSpan, *, with_content: bool) -> Span:
         scope_version=raw.scope_version,
         attributes={key: value for key, value in attributes.items() if key not in used} if used else attributes,
         truncated_attributes=raw.truncated_attributes,
+        finish_reasons=finish_reasons or (content.finish_reasons if content else ()),
     )
 
 
@@ -1465,6 +1478,37 @@ def _tags_or_none(value: Any) -> tuple[str, ...] | None:
     return _tags(value) or None
 
 
+def _finish_reasons(value: Any) -> tuple[str, ...] | None:
+    """A finish-reason attribute: a list of strings (JSON text too) or one string."""
+    if isinstance(value, str):
+        value = _maybe_json(value)
+        if isinstance(value, str):
+            return (value,) if value else None
+    if isinstance(value, list):
+        return tuple([item for item in value if isinstance(item, str) and item]) or None
+    return None
+
+
+def _output_finish_reasons(value: Any) -> list[str]:
+    """The finish reasons inside an output as sent: OpenAI's choices and GenAI output messages carry
+    `finish_reason`, Anthropic's message `stop_reason`."""
+    items: Any
+    if isinstance(value, dict):
+        choices = value.get("choices")
+        items = choices if isinstance(choices, list) else (value,)
+    elif isinstance(value, list):
+        items = value
+    else:
+        return []
+    reasons: list[str] = []
+    for item in items:
+        if isinstance(item, dict):
+            reason = item.get("finish_reason") or item.get("stop_reason")
+            if isinstance(reason, str) and reason:
+                reasons.append(reason)
+    return reasons
+
+
 # Field -> (attribute names in priority order, how the value is read). An attribute that does not read
 # as the field (a token count of "many") gives way to the next one.
 _FIELD_SOURCES: Final[dict[str, tuple[tuple[str, ...], Callable[[Any], Any]]]] = {
@@ -1482,6 +1526,7 @@ _FIELD_SOURCES: Final[dict[str, tuple[tuple[str, ...], Callable[[Any], Any]]]] =
     "reward": ((KEEL_REWARD,), _float),
     "tags": (_TAGS_KEYS, _tags_or_none),
     "cost_usd": (_COST_KEYS, _float),
+    "finish_reasons": (_FINISH_REASON_KEYS, _finish_reasons),
     **{field: (keys, _int) for field, keys in _USAGE_ATTRIBUTE_KEYS.items()},
 }
 _FIELD_CONVERTERS: Final = {field: convert for field, (_, convert) in _FIELD_SOURCES.items()}
@@ -1650,7 +1695,7 @@ def _normalize_message(message: dict[str, Any], default_role: str) -> list[dict[
             if not isinstance(block, dict):
                 continue
             block_type = block.get("type")
-            if block_type in _TEXT_PART_TYPES and isinstance(block.get("text"), str):
+            if isinstance(block_type, str) and block_type in _TEXT_PART_TYPES and isinstance(block.get("text"), str):
                 texts.append(block["text"])
             elif block_type == "tool_use":
                 call = _tool_call(block)
@@ -1748,10 +1793,18 @@ def _event_body(event: SpanEvent) -> dict[str, Any]:
     return {key: value for key, value in event.attributes.items() if key not in _EVENT_ENVELOPE_KEYS}
 
 
-def _event_messages(events: tuple[SpanEvent, ...]) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]] | None]:
+@dataclass(slots=True)
+class _EventMessages:
+    inputs: list[dict[str, Any]] | None
+    outputs: list[dict[str, Any]] | None
+    finish_reasons: list[str]
+
+
+def _event_messages(events: tuple[SpanEvent, ...]) -> _EventMessages:
     """The older conventions' message events (gen_ai.user.message, gen_ai.choice, ...)."""
     inputs: list[dict[str, Any]] = []
     choices: list[tuple[int, dict[str, Any]]] = []
+    reasons: list[tuple[int, str]] = []
     prompt: list[dict[str, Any]] | None = None
     completion: list[dict[str, Any]] | None = None
     for event in events:
@@ -1769,24 +1822,41 @@ def _event_messages(events: tuple[SpanEvent, ...]) -> tuple[list[dict[str, Any]]
             index = _int(body.get("index")) or 0
             for normalized in _normalize_message(message, "assistant"):
                 choices.append((index, normalized))
+            reason = body.get("finish_reason")
+            if isinstance(reason, str) and reason:
+                reasons.append((index, reason))
         elif event.name == "gen_ai.content.prompt" and prompt is None:
             prompt = _to_messages(event.attributes.get("gen_ai.prompt"), "user")
         elif event.name == "gen_ai.content.completion" and completion is None:
             completion = _to_messages(event.attributes.get("gen_ai.completion"), "assistant")
     choices.sort(key=lambda item: item[0])
-    return (inputs or prompt), ([message for _, message in choices] or completion)
+    reasons.sort(key=lambda item: item[0])
+    return _EventMessages(
+        inputs=inputs or prompt,
+        outputs=[message for _, message in choices] or completion,
+        finish_reasons=[reason for _, reason in reasons],
+    )
 
 
 def _indexed_messages(
-    entries: list[tuple[str, str]], attributes: Mapping[str, Any], default_role: str, nested: bool
+    entries: list[tuple[str, str]],
+    attributes: Mapping[str, Any],
+    default_role: str,
+    nested: bool,
+    finish_reasons: list[str] | None = None,
 ) -> list[dict[str, Any]] | None:
-    """OpenInference `llm.input_messages.N.message.*` (nested) or older `gen_ai.prompt.N.*` (flat)."""
+    """OpenInference `llm.input_messages.N.message.*` (nested) or older `gen_ai.prompt.N.*` (flat).
+
+    The items' finish reasons (`gen_ai.completion.N.finish_reason`) go to `finish_reasons` when given.
+    """
     items = _unflatten(entries, attributes)
     if not items:
         return None
     messages: list[dict[str, Any]] = []
     for index in sorted(items):
         item: Any = items[index]
+        if finish_reasons is not None:
+            finish_reasons.extend(_output_finish_reasons([item, item.get("message")]))
         if nested:
             item = item.get("message")
             if not isinstance(item, dict):
@@ -1855,20 +1925,34 @@ def _tool_definitions(value: Any) -> tuple[dict[str, Any], ...]:
 class _Content:
     """Resolves input, output, tool arguments/result and tool definitions for one span."""
 
-    __slots__ = ("input", "output", "raw_input", "tool_arguments", "tool_definitions", "tool_result")
+    __slots__ = (
+        "finish_reasons",
+        "input",
+        "output",
+        "raw_input",
+        "tool_arguments",
+        "tool_definitions",
+        "tool_result",
+    )
 
     input: Any
     raw_input: Any
     output: Any
+    finish_reasons: tuple[str, ...]
     tool_arguments: Any
     tool_result: Any
     tool_definitions: tuple[dict[str, Any], ...]
 
     def __init__(
-        self, raw: RawSpan, groups: Mapping[str, list[tuple[str, str]]], span_type: SpanType, used: set[str]
+        self,
+        raw: RawSpan,
+        groups: Mapping[str, list[tuple[str, str]]],
+        span_type: SpanType,
+        used: set[str],
+        reads_finish_reasons: bool,
     ) -> None:
         attributes = raw.attributes
-        self._resolve_messages_and_values(raw, attributes, groups, span_type, used)
+        self._resolve_messages_and_values(raw, attributes, groups, span_type, used, reads_finish_reasons)
         self._resolve_tools(attributes, groups, span_type, used)
 
     def _resolve_messages_and_values(
@@ -1878,16 +1962,17 @@ class _Content:
         groups: Mapping[str, list[tuple[str, str]]],
         span_type: SpanType,
         used: set[str],
+        reads_finish_reasons: bool,
     ) -> None:
         # Agent spans often carry the dialogue too (invoke_agent with gen_ai.input.messages).
         reads_messages = span_type in ("generation", "agent")
         # The values as sent, before messages were read out of them: they may also list the tools.
         raw_values: dict[str, Any] = {}
         self.raw_input = None
-        event_inputs: list[dict[str, Any]] | None = None
-        event_outputs: list[dict[str, Any]] | None = None
-        if raw.events:
-            event_inputs, event_outputs = _event_messages(raw.events)
+        events = _event_messages(raw.events) if raw.events else None
+        # The output's finish reasons, read from the value the output messages come from, unless the
+        # span's own attributes gave them.
+        output_reasons: list[str] | None = [] if reads_finish_reasons else None
 
         def generic(keys: tuple[str, ...], default_role: str) -> tuple[bool, Any]:
             for key in keys:
@@ -1906,22 +1991,28 @@ class _Content:
                 return True, value
             return False, None
 
-        def indexed(prefix: str, default_role: str) -> list[dict[str, Any]] | None:
+        def indexed(prefix: str, default_role: str, reasons: list[str] | None = None) -> list[dict[str, Any]] | None:
             entries = groups.get(prefix)
             if not entries:
                 return None
-            messages = _indexed_messages(entries, attributes, default_role, prefix.startswith("llm."))
+            messages = _indexed_messages(entries, attributes, default_role, prefix.startswith("llm."), reasons)
             if messages:
                 used.update(_indexed_keys(entries))
             return messages
 
-        def gen_ai_messages(key: str, default_role: str) -> list[dict[str, Any]] | None:
+        def gen_ai_messages(
+            key: str, default_role: str, reasons: list[str] | None = None
+        ) -> list[dict[str, Any]] | None:
             value = attributes.get(key)
             if value is None:
                 return None
+            if reasons is not None:
+                value = _maybe_json(value)
             messages = _to_messages(value, default_role)
             if messages is not None:
                 used.add(key)
+                if reasons is not None:
+                    reasons.extend(_output_finish_reasons(value))
             return messages
 
         # Input -------------------------------------------------------------------------------------
@@ -1947,8 +2038,8 @@ class _Content:
                         value = [system, *value]
             if value is None:
                 value = indexed("gen_ai.prompt.", "user")
-            if value is None:
-                value = event_inputs
+            if value is None and events is not None:
+                value = events.inputs
             found = value is not None
         if not found and span_type == "tool":
             found, value = generic(("gen_ai.tool.call.arguments",), "user")
@@ -1958,26 +2049,37 @@ class _Content:
         # Output ------------------------------------------------------------------------------------
         found, value = generic((KEEL_OUTPUT, "langfuse.observation.output", "langfuse.trace.output"), "assistant")
         if not found:
-            value = indexed("llm.output_messages.", "assistant")
+            value = indexed("llm.output_messages.", "assistant", output_reasons)
             if value is None and "llm.choices." in groups:
                 value = _texts_as_messages(groups["llm.choices."], attributes, "completion", "assistant")
                 if value is not None:
                     used.update(_indexed_keys(groups["llm.choices."]))
             found = value is not None
+            if found and output_reasons is not None and not output_reasons:
+                # OpenInference keeps the response as sent in output.value; only its choices say why the
+                # model stopped. The text test spares a parse when it cannot tell.
+                response = attributes.get("output.value")
+                if isinstance(response, str) and '"finish_reason"' in response:
+                    output_reasons.extend(_output_finish_reasons(_maybe_json(response)))
         if not found:
             found, value = generic(("output.value",), "assistant")
             if found:
                 used.add("output.mime_type")
         if not found:
-            value = gen_ai_messages("gen_ai.output.messages", "assistant")
+            value = gen_ai_messages("gen_ai.output.messages", "assistant", output_reasons)
             if value is None:
-                value = indexed("gen_ai.completion.", "assistant")
-            if value is None:
-                value = event_outputs
+                value = indexed("gen_ai.completion.", "assistant", output_reasons)
+            if value is None and events is not None:
+                value = events.outputs
+                if output_reasons is not None:
+                    output_reasons.extend(events.finish_reasons)
             found = value is not None
         if not found and span_type == "tool":
             found, value = generic(("gen_ai.tool.call.result",), "assistant")
         self.output = value if found else None
+        if output_reasons is not None and reads_messages and "assistant" in raw_values:
+            output_reasons.extend(_output_finish_reasons(raw_values["assistant"]))
+        self.finish_reasons = tuple(output_reasons) if output_reasons else ()
 
     def _resolve_tools(
         self,

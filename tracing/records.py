@@ -42,6 +42,7 @@ _DATA_FIELDS: Final = (
     "scope_version",
     "attributes",
     "truncated_attributes",
+    "finish_reasons",
 )
 
 
@@ -174,4 +175,6 @@ def span_from_record(columns: Mapping[str, Any], data: Mapping[str, Any]) -> Spa
         scope_version=data.get("scope_version") or "",
         attributes=data.get("attributes") or {},
         truncated_attributes=data.get("truncated_attributes") or {},
+        # Rows written before the field existed have no key.
+        finish_reasons=tuple(data.get("finish_reasons") or ()),
     )

@@ -79,8 +79,9 @@ Default thresholds are the fields of `Thresholds`; the ones that decide most:
 What is read from the view: the message steps (user turns, history), the LLM calls' output messages
 (answers, requested tool calls, `finish_reason` when present) and usage, the tool calls (arguments,
 results, status, error), step errors, agent/chain outputs (`termination_reason`, `stop_reason`...),
-the tool definitions and the totals. A user message that no LLM call read is in no span, so it is
-not in the view and no detector sees it.
+the tool definitions and the totals. A user message that no LLM call read reaches the view when an
+agent span (or the JSON ingest's root span) holds the whole message list; one that no span holds at
+all cannot be seen.
 """
 
 from __future__ import annotations

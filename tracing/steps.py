@@ -8,11 +8,15 @@ returns a `TrajectoryView`:
   which then hangs under the root too. With no root span yet, those spans are the top level.
 - the steps: one per span (`llm_call`, `tool_call`, `agent`, `retrieval`, `guardrail`, `event`, `span`),
   plus a `message` step for each message an LLM call is the first to show (the user's turns, the system
-  prompt, a tool result no tool span recorded). An LLM call's answer lives in its `llm_call` step.
+  prompt, a tool result no tool span recorded). An LLM call's answer lives in its `llm_call` step, with
+  the span's first finish reason as `output_message["finish_reason"]` when the message has none.
   A tool result that arrives only as a message, with the assistant's call for it, becomes a
   `tool_call` step of its own, so agents instrumented only at the LLM client still read as calls.
+  Messages that an agent span holds after the end of the conversation, which no LLM call read (the
+  user's "forget it" after the final answer), come last, as steps of that span.
 - the conversation: each LLM call repeats the history, so every distinct message is kept once, in
-  order (a message repeated later in the dialogue, such as a second "yes", is a new message).
+  order (a message repeated later in the dialogue, such as a second "yes", is a new message). Each
+  call's answer is a new message, even when it says what an earlier one did (the same tool call again).
 """
 
 from __future__ import annotations
@@ -281,28 +285,108 @@ def _messages(value: Any) -> list[dict[str, Any]] | None:
 class _Conversation:
     def __init__(self) -> None:
         self.messages: list[dict[str, Any]] = []
+        self._keys: list[tuple[Any, ...]] = []
         self._positions: dict[tuple[Any, ...], list[int]] = {}
+        # Where the history the last call read ends in the conversation: its answer, if already known,
+        # is the message there.
+        self._end = 0
 
-    def absorb(self, incoming: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Add what this call shows for the first time; returns those messages.
+    def absorb(self, incoming: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Read a call's history: add what it shows for the first time; returns those messages.
 
-        Each message is looked for after the previous match, so a history repeated (or cut short) by
-        the next call matches what is known, and a message said again later in the dialogue is new.
+        A start of the history found in the conversation in order is known, and what follows is new: a
+        history repeated (or cut short) by the next call matches what is known, and a message said again
+        later in the dialogue is new. The history is aligned with the end of the conversation when it
+        can be, since each call normally continues it: a window of the last turns then lines up with
+        the latest of turns that look the same (an agent asking for the same ride three times), not
+        with the first. Otherwise the longest known start is taken (a side call that re-reads the
+        dialogue, or the same call recorded twice).
         """
+        positions_of = self._positions
+        keys = [_message_key(message) for message in incoming]
         pointer = 0
-        new: list[dict[str, Any]] = []
-        for message in incoming:
-            key = _message_key(message)
-            positions = self._positions.setdefault(key, [])
+        known = 0
+        for key in keys:
+            positions = positions_of.get(key)
+            if not positions:
+                break
             at = bisect_left(positions, pointer)
-            if at < len(positions):
-                pointer = positions[at] + 1
-                continue
-            positions.append(len(self.messages))
-            self.messages.append(message)
-            pointer = len(self.messages)
-            new.append(message)
+            if at == len(positions):
+                break
+            pointer = positions[at] + 1
+            known += 1
+        size = len(self.messages)
+        if pointer != size and known:
+            known = self._aligned_with_end(keys, known)
+        if known == len(keys):
+            # The latest place of the last message: an embedding of the others before it always exists,
+            # since the earliest one ends no later.
+            self._end = positions_of[keys[-1]][-1] + 1 if keys else size
+            return []
+        new = list(incoming[known:])
+        for message, key in zip(new, keys[known:], strict=True):
+            self.add(message, key)
+        self._end = len(self.messages)
         return new
+
+    def _aligned_with_end(self, keys: list[tuple[Any, ...]], known: int) -> int:
+        """The longest start of `keys`, up to `known`, that can end with the conversation's last message.
+
+        `known` when there is none. The earliest places of a start found in order (the first `known`
+        keys) tell whether the messages before its end fit before the last message.
+        """
+        last = len(self.messages) - 1
+        last_key = self._keys[last]
+        earliest: list[int] = []
+        pointer = 0
+        for key in keys[: known - 1]:
+            at = self._positions[key][bisect_left(self._positions[key], pointer)]
+            earliest.append(at)
+            pointer = at + 1
+        for length in range(known, 0, -1):
+            if keys[length - 1] == last_key and (length == 1 or earliest[length - 2] < last):
+                return length
+        return known
+
+    def answer(self, outgoing: Sequence[dict[str, Any]]) -> None:
+        """Add a call's output: a new message, even one that says what an earlier one did.
+
+        The exception is the message already right after the history this call read, when that history
+        held nothing new: the same call recorded twice (a framework's span around the client library's),
+        or a retry whose first answer the agent dropped.
+        """
+        for message in outgoing:
+            key = _message_key(message)
+            if self._end < len(self.messages) and self._keys[self._end] == key:
+                self._end += 1
+                continue
+            self.add(message, key)
+            self._end = len(self.messages)
+
+    def unread(self, incoming: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """What a span's message list shows after the end of the conversation, which no LLM call read.
+
+        The list must reach that end, holding the conversation's last message (an agent span's input
+        or output with the whole dialogue); what follows the last place it does is unread. A list that
+        stops short (the user's words before the agent rewrote them into its prompt, a sub-agent's own
+        task) tells nothing about what came after, and gives nothing.
+        """
+        if not self._keys:
+            return []
+        last_key = self._keys[-1]
+        for offset in range(len(incoming) - 1, -1, -1):
+            message = incoming[offset]
+            # The role first: it rules out most messages without building their key.
+            if _key_text(message.get("role")) == last_key[0] and _message_key(message) == last_key:
+                return list(incoming[offset + 1 :])
+        return []
+
+    def add(self, message: dict[str, Any], key: tuple[Any, ...] | None = None) -> None:
+        if key is None:
+            key = _message_key(message)
+        self._positions.setdefault(key, []).append(len(self.messages))
+        self.messages.append(message)
+        self._keys.append(key)
 
 
 # --- Building -----------------------------------------------------------------------------------------
@@ -352,6 +436,8 @@ class _Builder:
             span.span_type in _MESSAGE_SOURCE_TYPES and (_messages(span.input) or _messages(span.output))
             for span, _, _ in self.tree.ordered
         )
+        # Spans other than LLM calls whose input or output is a message list, in reading order.
+        carriers: list[tuple[Span, int, str | None, list[dict[str, Any]]]] = []
         for span, depth, parent in self.tree.ordered:
             kind = _STEP_KINDS.get(span.span_type, "span")
             if kind == "llm_call":
@@ -359,10 +445,14 @@ class _Builder:
             elif kind == "tool_call":
                 self._tool_span(span, depth, parent)
             else:
-                if not has_llm_messages:
-                    # Without LLM spans that carry messages, an agent span's messages are the dialogue.
-                    self.conversation.absorb(_messages(span.input) or ())
-                    self.conversation.absorb(_messages(span.output) or ())
+                for messages in (_messages(span.input), _messages(span.output)):
+                    if messages is None:
+                        continue
+                    if has_llm_messages:
+                        carriers.append((span, depth, parent, messages))
+                    else:
+                        # Without LLM spans that carry messages, an agent span's messages are the dialogue.
+                        self.conversation.absorb(messages)
                 self.steps.append(
                     Step(
                         **self._base(span, depth, parent, kind),
@@ -372,6 +462,15 @@ class _Builder:
                         cost_usd=span.cost_usd,
                     )
                 )
+        for span, depth, parent, messages in carriers:
+            self._unread_messages(span, depth, parent, messages)
+
+    def _unread_messages(self, span: Span, depth: int, parent: str | None, messages: list[dict[str, Any]]) -> None:
+        """Messages an agent span holds past the last one an LLM call saw: the user's last word, after
+        the final answer, that nothing answered. They come last, at the end of the span that shows them."""
+        for message in self.conversation.unread(messages):
+            self.conversation.add(message)
+            self._new_input_message(span, depth, parent, message, at=span.end_time_ns)
 
     def _tool_span(self, span: Span, depth: int, parent: str | None) -> None:
         name = span.tool_name or span.name
@@ -410,19 +509,22 @@ class _Builder:
         outputs = _messages(span.output)
         for message in self.conversation.absorb(inputs or ()):
             self._new_input_message(span, depth, parent, message)
+        output_message = outputs[0] if outputs else None
+        if output_message is not None and span.finish_reasons and "finish_reason" not in output_message:
+            output_message = {**output_message, "finish_reason": span.finish_reasons[0]}
         self.steps.append(
             Step(
                 **self._base(span, depth, parent, "llm_call"),
                 model=span.model,
                 input_messages=tuple(inputs) if inputs is not None else None,
-                output_message=outputs[0] if outputs else None,
+                output_message=output_message,
                 usage=span.usage,
                 cost_usd=span.cost_usd,
                 input=None if inputs is not None else span.input,
                 output=None if outputs is not None else span.output,
             )
         )
-        self.conversation.absorb(outputs or ())
+        self.conversation.answer(outputs or ())
         for message in outputs or ():
             self._remember_requests(message)
 
@@ -437,7 +539,11 @@ class _Builder:
                 raw = function.get("arguments") if isinstance(function, dict) else arguments
                 self.requested[call_id] = (name, raw)
 
-    def _new_input_message(self, span: Span, depth: int, parent: str | None, message: dict[str, Any]) -> None:
+    def _new_input_message(
+        self, span: Span, depth: int, parent: str | None, message: dict[str, Any], *, at: int | None = None
+    ) -> None:
+        """A message step (or a tool call step) for a message first shown by `span`, at its start or `at`."""
+        time_ns = span.start_time_ns if at is None else at
         role = message.get("role")
         if role == "assistant":
             self._remember_requests(message)
@@ -453,12 +559,13 @@ class _Builder:
                 if self.recorded_signatures[signature] > 0:
                     self.recorded_signatures[signature] -= 1
                     return
-                self._tool_from_messages(span, depth, parent, name, call_id, arguments, message.get("content"))
+                self._tool_from_messages(span, depth, parent, name, call_id, arguments, message.get("content"), time_ns)
                 return
         base = self._base(span, depth, parent, "message")
         base.update(
             {
-                "end_time_ns": span.start_time_ns,
+                "start_time_ns": time_ns,
+                "end_time_ns": time_ns,
                 "duration_ns": 0,
                 "status": "unset",
                 "error": None,
@@ -474,11 +581,26 @@ class _Builder:
         )
 
     def _tool_from_messages(
-        self, span: Span, depth: int, parent: str | None, name: str, call_id: Any, arguments: Any, result: Any
+        self,
+        span: Span,
+        depth: int,
+        parent: str | None,
+        name: str,
+        call_id: Any,
+        arguments: Any,
+        result: Any,
+        time_ns: int,
     ) -> None:
         base = self._base(span, depth, parent, "tool_call")
         base.update(
-            {"end_time_ns": span.start_time_ns, "duration_ns": 0, "status": "unset", "error": None, "span_type": "tool"}
+            {
+                "start_time_ns": time_ns,
+                "end_time_ns": time_ns,
+                "duration_ns": 0,
+                "status": "unset",
+                "error": None,
+                "span_type": "tool",
+            }
         )
         parsed_arguments = _parse(arguments)
         parsed_result = _parse(result)

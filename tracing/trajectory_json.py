@@ -1,10 +1,10 @@
 """The plain JSON trajectory format, for agents without OpenTelemetry. Pure module, no Django.
 
 A trajectory is OpenAI-style messages with tool calls and tool results, plus optional reward and
-metadata. It becomes the same spans an instrumented agent would send: an `agent` root span, one
-`generation` span per assistant message (its input is the conversation so far), and one `tool` span
-per tool result. Ids are derived from the trajectory, so posting the same trajectory twice stores
-it once.
+metadata. It becomes the same spans an instrumented agent would send: an `agent` root span (its input
+is every message, its output the last answer), one `generation` span per assistant message (its input
+is the conversation so far), and one `tool` span per tool result. Ids are derived from the trajectory,
+so posting the same trajectory twice stores it once.
 
     {
       "trace_id": "optional 32 hex chars; derived from the content when absent",
@@ -19,7 +19,7 @@ it once.
           "function": {"name": "lookup_trip", "arguments": "{\\"trip_id\\": \\"T1\\"}"}}],
          "usage": {"input_tokens": 120, "output_tokens": 18}, "duration_ms": 850},
         {"role": "tool", "tool_call_id": "c1", "content": "{\\"status\\": \\"cancelled\\"}", "duration_ms": 40},
-        {"role": "assistant", "content": "Refunded.", "error": "optional error text"}
+        {"role": "assistant", "content": "Refunded.", "finish_reason": "stop", "error": "optional error text"}
       ]
     }
 """
@@ -249,6 +249,20 @@ def _span(
     return Span(**values)
 
 
+def _finish_reasons(message: _Message) -> tuple[str, ...]:
+    reason = (message.model_extra or {}).get("finish_reason")
+    return (reason,) if isinstance(reason, str) and reason else ()
+
+
+def _total_tokens(usage: _Usage | None, input_tokens: int | None, output_tokens: int | None) -> int | None:
+    # As the OTLP mapper does: a total left out is the sum of the two counts, when both are known.
+    if usage is not None and usage.total_tokens is not None:
+        return usage.total_tokens
+    if input_tokens is not None and output_tokens is not None:
+        return input_tokens + output_tokens
+    return None
+
+
 def document_spans(document: TrajectoryDocument) -> list[Span]:
     """The spans of one trajectory: a root agent span, a generation per assistant turn, a tool span per result."""
     trace_id = document_trace_id(document)
@@ -289,9 +303,10 @@ def document_spans(document: TrajectoryDocument) -> list[Span]:
                     usage=Usage(
                         input_tokens=input_tokens,
                         output_tokens=output_tokens,
-                        total_tokens=usage.total_tokens if usage else None,
+                        total_tokens=_total_tokens(usage, input_tokens, output_tokens),
                     ),
                     tool_definitions=tuple(document.tools),
+                    finish_reasons=_finish_reasons(message),
                 )
             )
             for call in message.tool_calls:
@@ -331,7 +346,9 @@ def document_spans(document: TrajectoryDocument) -> list[Span]:
             start=start,
             end=max(clock, start + 1),
             document=document,
-            input=[_message_dict(m) for m in document.messages if m.role == "user"][:1] or None,
+            # The whole dialogue, as an agent span's input carries it: messages after the last assistant
+            # turn (the user's "forget it") are in no generation's input, and reach the trajectory from here.
+            input=history,
             output=last_assistant.content if last_assistant else None,
             tags=tuple(document.tags),
             metadata=dict(document.metadata),

@@ -283,7 +283,7 @@ def _trajectory_check(
     assert {key: listed[key] for key in summary} == summary
     assert Decimal(listed["cost"]) == ticket.cost
 
-    response = keel.client.get(f"/api/v1/trajectories/{trace_id}")
+    response = keel.client.get(f"/api/v1/trajectories/{trace_id}", {"include_inputs": "true"})
     assert response.status_code == 200
     detail: dict[str, Any] = response.json()
     assert {key: detail[key] for key in summary} == summary

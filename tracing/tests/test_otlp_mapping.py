@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -9,7 +10,7 @@ import pytest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from tracing import otlp
+from tracing import otlp, records
 from tracing.tests.conftest import OtelRecorder, decode_pb, pb_request, pb_span
 
 JSON = otlp.CONTENT_TYPE_JSON
@@ -616,6 +617,107 @@ def test_gen_ai_invoke_agent_span(otel: OtelRecorder, content_type: str) -> None
     assert mapped.output == [{"role": "assistant", "content": "4"}]
 
 
+# --- Finish reasons ---------------------------------------------------------------------------------------
+
+
+def finish_reasons_of(attributes: dict[str, Any], **fields: Any) -> tuple[str, ...]:
+    return otlp.map_span(raw_span({"gen_ai.operation.name": "chat", **attributes}, **fields)).finish_reasons
+
+
+def openai_response(*reasons: str) -> str:
+    choices = [
+        {"index": index, "message": {"role": "assistant", "content": "Monday"}, "finish_reason": reason}
+        for index, reason in enumerate(reasons)
+    ]
+    return json.dumps({"id": "chatcmpl-1", "object": "chat.completion", "choices": choices})
+
+
+@BOTH
+def test_gen_ai_finish_reasons_attribute_is_read_and_kept(otel: OtelRecorder, content_type: str) -> None:
+    with otel.tracer().start_as_current_span("chat gpt-4o") as span:
+        span.set_attributes({"gen_ai.operation.name": "chat", "gen_ai.response.finish_reasons": ["length", "stop"]})
+
+    mapped = otel.span(content_type)
+
+    assert mapped.finish_reasons == ("length", "stop")
+    # Still passed on by the exports, which forward the attributes Keel did not map to a name of theirs.
+    assert mapped.attributes == {"gen_ai.operation.name": "chat", "gen_ai.response.finish_reasons": ["length", "stop"]}
+
+
+@pytest.mark.parametrize(
+    ("attributes", "reasons"),
+    [
+        # The GenAI conventions' output messages.
+        (
+            {
+                "gen_ai.output.messages": json.dumps(
+                    [{"role": "assistant", "parts": [{"type": "text", "content": "Mon"}], "finish_reason": "length"}]
+                )
+            },
+            ("length",),
+        ),
+        # OpenInference: the messages are flattened, the response as sent is in output.value.
+        (
+            {
+                "openinference.span.kind": "LLM",
+                "llm.output_messages.0.message.role": "assistant",
+                "llm.output_messages.0.message.content": "Monday",
+                "output.value": openai_response("length"),
+            },
+            ("length",),
+        ),
+        ({"openinference.span.kind": "LLM", "output.value": openai_response("stop", "length")}, ("stop", "length")),
+        ({"openinference.span.kind": "LLM", "llm.finish_reason": "length"}, ("length",)),
+        # Langfuse with an Anthropic message as the output.
+        (
+            {
+                "langfuse.observation.type": "generation",
+                "langfuse.observation.output": json.dumps(
+                    {"role": "assistant", "content": [{"type": "text", "text": "Mon"}], "stop_reason": "max_tokens"}
+                ),
+            },
+            ("max_tokens",),
+        ),
+        # The older GenAI attributes, and OpenLLMetry's.
+        ({"gen_ai.completion.0.role": "assistant", "gen_ai.completion.0.finish_reason": "length"}, ("length",)),
+        ({"llm.response.finish_reason": "length"}, ("length",)),
+        # The span's own attribute wins over its messages; text that is not a reason is none.
+        (
+            {
+                "gen_ai.response.finish_reasons": json.dumps(["stop"]),
+                "gen_ai.output.messages": json.dumps([{"role": "assistant", "content": "a", "finish_reason": "x"}]),
+            },
+            ("stop",),
+        ),
+        ({"gen_ai.response.finish_reasons": [], "llm.finish_reason": ""}, ()),
+        ({"gen_ai.output.messages": json.dumps([{"role": "assistant", "content": "a"}])}, ()),
+    ],
+)
+def test_finish_reasons_are_read_from_every_convention(attributes: dict[str, Any], reasons: tuple[str, ...]) -> None:
+    assert finish_reasons_of(attributes) == reasons
+
+
+def test_finish_reasons_of_choice_events() -> None:
+    choice = otlp.SpanEvent(
+        "gen_ai.choice",
+        5,
+        {"index": 0, "finish_reason": "length", "message": json.dumps({"role": "assistant", "content": "Mon"})},
+    )
+
+    assert finish_reasons_of({}, events=(choice,)) == ("length",)
+
+
+def test_finish_reasons_survive_storage_and_rows_from_before_read_as_none() -> None:
+    mapped = otlp.map_span(raw_span({"gen_ai.operation.name": "chat", "gen_ai.response.finish_reasons": ["length"]}))
+    record = records.span_record(mapped)
+    columns = {field.name: getattr(record, field.name) for field in dataclasses.fields(record)}
+    data = json.loads(record.data)
+
+    assert records.span_from_record(columns, data) == mapped
+    del data["finish_reasons"]
+    assert records.span_from_record(columns, data).finish_reasons == ()
+
+
 # --- OpenTelemetry GenAI, older conventions --------------------------------------------------------------
 
 
@@ -832,6 +934,19 @@ def test_values_of_the_wrong_type_are_read_leniently() -> None:
         "gen_ai.output.messages": '{"unexpected": true}',
         "llm.cost.total": float("inf"),
     }
+
+
+def test_a_content_block_whose_type_is_not_text_is_kept_as_it_is() -> None:
+    mapped = otlp.map_span(
+        raw_span(
+            {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.input.messages": json.dumps([{"role": "user", "content": [{"type": ["text"], "text": "hi"}]}]),
+            }
+        )
+    )
+
+    assert mapped.input == [{"role": "user", "content": [{"type": ["text"], "text": "hi"}]}]
 
 
 def test_map_span_survives_content_nested_past_the_recursion_limit() -> None:

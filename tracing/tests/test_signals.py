@@ -115,8 +115,11 @@ class Run:
             self.history.append({"role": "user", "content": content})
         return self
 
-    def say(self, text: str, **usage: int) -> Run:
-        self._chat({"role": "assistant", "parts": [{"type": "text", "content": text}]}, usage=usage)
+    def say(self, text: str, *, finish_reason: str | None = None, **usage: int) -> Run:
+        message: dict[str, Any] = {"role": "assistant", "parts": [{"type": "text", "content": text}]}
+        if finish_reason is not None:
+            message["finish_reason"] = finish_reason
+        self._chat(message, usage=usage)
         return self
 
     def llm_error(self, message: str) -> Run:
@@ -143,12 +146,14 @@ class Run:
         )
         return self
 
-    def view(self, *, root_output: Any = None, root_error: str | None = None) -> TrajectoryView:
+    def view(self, *, root_output: Any = None, root_error: str | None = None, root_input: Any = None) -> TrajectoryView:
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "invoke_agent",
             "gen_ai.agent.name": "ride-support",
             "keel.tool.definitions": json.dumps(list(self.tools)),
         }
+        if root_input is not None:
+            attributes["gen_ai.input.messages"] = json.dumps(root_input)
         if root_output is not None:
             attributes["keel.output"] = json.dumps(root_output)
         root = otlp.map_span(
@@ -191,10 +196,21 @@ def kinds(report: SignalReport) -> set[tuple[str, str]]:
 # --- Misalignment ------------------------------------------------------------------------------------------
 
 
-def test_only_user_turns_an_llm_call_saw_are_in_the_trajectory() -> None:
-    # A last user message that no LLM call read is in no span, so no detector can see it.
-    view = Run().user("Refund my ride.").say("Refunded $5.").user("Forget it.").view()
-    assert [step.kind for step in view.steps] == ["agent", "message", "llm_call"]
+def test_a_last_user_message_that_only_the_agent_span_holds_is_a_turn() -> None:
+    run = Run().user("Refund my ride.").say("I can offer a $5 voucher.").user("Forget it.")
+    # Where no span holds it, nothing can see it.
+    assert [step.kind for step in run.view().steps] == ["agent", "message", "llm_call"]
+
+    view = run.view(root_input=run.history)
+
+    assert [(step.kind, step.role) for step in view.steps] == [
+        ("agent", None),
+        ("message", "user"),
+        ("llm_call", None),
+        ("message", "user"),
+    ]
+    (instance,) = only(signals_compute(view), "disengagement")
+    assert (instance.kind, instance.step_indices, instance.snippets) == ("quit", (3,), ("Forget it.",))
 
 
 def test_a_correction_is_misalignment_with_the_users_words_as_evidence() -> None:
@@ -494,7 +510,7 @@ def test_the_same_call_with_the_same_result_three_times_is_a_retry_loop() -> Non
         0.6,
         "execution",
     )
-    assert len(instance.step_indices) == 3
+    assert instance.step_indices == (3, 5, 7)
     assert instance.why == "get_ride was called 3 times in a row with the same arguments and result."
 
 
@@ -580,6 +596,15 @@ def test_limits_reached_are_exhaustion(view: dict[str, Any], config: SignalConfi
     report = run.report(config, **view)
     assert [i.kind for i in only(report, "exhaustion")] == [kind]
     assert only(report, "failure") == []
+
+
+def test_an_answer_cut_at_the_output_limit_is_truncated_output() -> None:
+    run = Run().user("List my rides this week.").say("Monday: airport at 8:00, then", finish_reason="length")
+    report = run.report()
+    assert kinds(report) == {("exhaustion", "truncated_output")}
+    (instance,) = report.instances
+    assert (instance.step_indices, instance.snippets) == ((2,), ("length",))
+    assert only(Run().user("List my rides.").say("None.", finish_reason="stop").report(), "exhaustion") == []
 
 
 def test_a_timeout_is_exhaustion() -> None:

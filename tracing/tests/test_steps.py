@@ -505,6 +505,194 @@ def test_a_history_cut_short_by_the_agent_still_matches_what_was_said() -> None:
     ]
 
 
+def identical_calls(count: int) -> list[otlp.Span]:
+    """An agent asking `count` times for the same ride, each call answered by its tool span."""
+    history = [text("user", "Where is ride R-1?")]
+    spans = [span(ROOT, None, 0, 1_000, {"gen_ai.operation.name": "invoke_agent"}, name="root")]
+    for turn in range(count):
+        call_id = f"call_{turn}"
+        request = tool_request(call_id, "get_ride", {"ride_id": "R-1"})
+        spans.append(chat(f"{2 * turn + 1:016x}", ROOT, 100 * turn + 10, 100 * turn + 20, history, [request]))
+        spans.append(
+            execute_tool(
+                f"{2 * turn + 2:016x}",
+                ROOT,
+                100 * turn + 30,
+                100 * turn + 40,
+                call_id,
+                "get_ride",
+                {"ride_id": "R-1"},
+                "pending",
+            )
+        )
+        history = [*history, request, tool_response(call_id, "pending")]
+    return spans
+
+
+def test_the_same_tool_call_made_again_is_a_new_answer_not_a_message() -> None:
+    view = trajectory_view_build(identical_calls(3))
+
+    assert [(step.kind, step.role or step.tool_name or step.name) for step in view.steps] == [
+        ("agent", "root"),
+        ("message", "system"),
+        ("message", "user"),
+        ("llm_call", "chat gpt-4o"),
+        ("tool_call", "get_ride"),
+        ("llm_call", "chat gpt-4o"),
+        ("tool_call", "get_ride"),
+        ("llm_call", "chat gpt-4o"),
+        ("tool_call", "get_ride"),
+    ]
+    assert [
+        (message["role"], message.get("tool_call_id") or [call["id"] for call in message.get("tool_calls", [])])
+        for message in view.conversation[2:]
+    ] == [
+        ("assistant", ["call_0"]),
+        ("tool", "call_0"),
+        ("assistant", ["call_1"]),
+        ("tool", "call_1"),
+        ("assistant", ["call_2"]),
+    ]
+
+
+def test_a_history_cut_short_lines_up_with_the_latest_of_identical_turns() -> None:
+    first, second = (
+        tool_request("call_1", "get_ride", {"ride_id": "R-1"}),
+        tool_request("c", "get_ride", {"ride_id": "R-1"}),
+    )
+    # Results without call ids, as some conventions send them: the two exchanges look the same.
+    result = {"role": "tool", "content": "pending"}
+    spans = [
+        chat(CHAT_1, None, 0, 10, [text("user", "Where is ride R-1?")], [first]),
+        chat(CHAT_2, None, 20, 30, [text("user", "Where is ride R-1?"), first, result], [second]),
+        # The agent keeps only the last exchange in its context window; the model asks a third time.
+        chat("a000000000000013", None, 40, 50, [second, result], [tool_request("d", "get_ride", {"ride_id": "R-1"})]),
+    ]
+
+    view = trajectory_view_build(spans)
+
+    assert [message["role"] for message in view.conversation] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
+    assert [step.kind for step in view.steps] == [
+        "message",
+        "message",
+        "llm_call",
+        "message",
+        "llm_call",
+        "message",
+        "llm_call",
+    ]
+    assert [step.role for step in view.steps if step.kind == "message"] == ["system", "user", "tool", "tool"]
+
+
+def test_the_same_call_recorded_twice_answers_once() -> None:
+    question = [text("user", "Where is ride R-1?")]
+    answer = [text("assistant", "On its way.")]
+    # A framework's span around the client library's span of the same request.
+    spans = [
+        chat(CHAT_1, None, 0, 50, question, answer),
+        chat(CHAT_2, CHAT_1, 10, 40, question, answer),
+        chat(
+            "a000000000000013", None, 60, 70, [*question, *answer, text("user", "Thanks")], [text("assistant", "Bye")]
+        ),
+    ]
+
+    view = trajectory_view_build(spans)
+
+    assert [message["content"] for message in view.conversation] == [
+        "You are a support agent.",
+        "Where is ride R-1?",
+        "On its way.",
+        "Thanks",
+        "Bye",
+    ]
+    assert [step.role for step in view.steps if step.kind == "message"] == ["system", "user", "user"]
+
+
+def test_the_finish_reason_of_an_answer_is_on_its_llm_call() -> None:
+    cut = {
+        "role": "assistant",
+        "parts": [{"type": "text", "content": "Your rides this week are"}],
+        "finish_reason": "length",
+    }
+    from_messages = chat(CHAT_1, None, 0, 10, [text("user", "List my rides")], [cut])
+    from_attribute = chat(
+        CHAT_2,
+        None,
+        20,
+        30,
+        [text("user", "List my rides")],
+        [text("assistant", "Monday, Tuesday")],
+        **{"gen_ai.response.finish_reasons": ["stop"]},
+    )
+
+    view = trajectory_view_build([from_messages, from_attribute])
+
+    llm_calls = [step for step in view.steps if step.kind == "llm_call"]
+    assert [step.output_message for step in llm_calls] == [
+        {"role": "assistant", "content": "Your rides this week are", "finish_reason": "length"},
+        {"role": "assistant", "content": "Monday, Tuesday", "finish_reason": "stop"},
+    ]
+    # The conversation holds what was said, not why the model stopped.
+    assert "finish_reason" not in view.conversation[2]
+
+
+def agent_span(messages: list[dict[str, Any]], *, key: str = "gen_ai.input.messages") -> otlp.Span:
+    return span(ROOT, None, 0, 100, {"gen_ai.operation.name": "invoke_agent", key: json.dumps(messages)}, name="agent")
+
+
+def test_a_last_user_message_no_llm_call_read_is_a_message_step_at_the_end() -> None:
+    question = [text("user", "Refund ride R-1")]
+    answer = [text("assistant", "I can offer a voucher instead.")]
+    dialogue = [{"role": "system", "content": "You are a support agent."}, *question, *answer]
+    llm = chat(CHAT_1, ROOT, 10, 20, question, answer)
+
+    for key in ("gen_ai.input.messages", "gen_ai.output.messages"):
+        view = trajectory_view_build([agent_span([*dialogue, text("user", "Forget it.")], key=key), llm])
+
+        assert [(step.kind, step.role or step.name) for step in view.steps] == [
+            ("agent", "agent"),
+            ("message", "system"),
+            ("message", "user"),
+            ("llm_call", "chat gpt-4o"),
+            ("message", "user"),
+        ]
+        last = view.steps[-1]
+        assert (last.content, last.span_id, last.depth, last.start_time_ns, last.end_time_ns) == (
+            "Forget it.",
+            ROOT,
+            0,
+            100,
+            100,
+        )
+        assert [message["content"] for message in view.conversation] == [
+            "You are a support agent.",
+            "Refund ride R-1",
+            "I can offer a voucher instead.",
+            "Forget it.",
+        ]
+
+
+def test_agent_messages_that_do_not_reach_the_end_of_the_dialogue_add_nothing() -> None:
+    question = [text("user", "Refund ride R-1")]
+    llm = chat(CHAT_1, ROOT, 10, 20, question, [text("assistant", "Done.")])
+    expected = trajectory_view_build([span(ROOT, None, 0, 100, {"gen_ai.operation.name": "invoke_agent"}), llm])
+
+    # The user's words before the agent rewrote them into its prompt; the agent's task as it was given.
+    for messages in ([text("user", "refund R-1 pls")], [*question, text("user", "Also check R-2")]):
+        view = trajectory_view_build([agent_span(messages), llm])
+
+        assert [step.kind for step in view.steps] == [step.kind for step in expected.steps]
+        assert view.conversation == expected.conversation
+
+
 def test_tool_results_seen_only_in_messages_become_tool_call_steps() -> None:
     first_input = [text("user", "Search for shoes")]
     first_output = [tool_request("call_5", "search", {"q": "shoes"})]

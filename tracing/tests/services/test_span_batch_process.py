@@ -186,16 +186,21 @@ def test_the_sweeper_resends_pending_batches_whose_message_may_be_lost(otel, key
     assert IngestBatch.objects.get(pk=fresh.pk).status == BatchStatus.PENDING
 
 
-def test_processing_reads_a_trace_once_per_batch(otel, key_for, workspace):
-    for number in range(20):
-        refund_conversation(otel.tracer(), session=f"session-{number}")
-    batch = _accept(key_for(workspace), otel.protobuf())
+def test_the_number_of_queries_does_not_grow_with_the_traces_in_a_batch(otel, key_for, workspace):
+    key = key_for(workspace)
 
-    with CaptureQueriesContext(connection) as queries:
-        assert services.span_batch_process(batch_id=batch.pk) == 80
+    def queries_for(traces: int) -> int:
+        for number in range(traces):
+            refund_conversation(otel.tracer(), session=f"session-{traces}-{number}")
+        batch = _accept(key, otel.protobuf())
+        otel.exporter.clear()
+        with CaptureQueriesContext(connection) as queries:
+            assert services.span_batch_process(batch_id=batch.pk) == 4 * traces
+        return len(queries)
 
-    # Claim, load, agents, prices, prompts, upsert, lock, copy, update, done, and the like: not per trace.
-    assert len(queries) < 20
+    queries_for(1)  # the first batch also creates the agent its spans name
+    one = queries_for(1)
+    assert queries_for(20) == one
 
 
 @pytest.mark.django_db(transaction=True)

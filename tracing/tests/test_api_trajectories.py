@@ -1,0 +1,138 @@
+from __future__ import annotations
+
+import pytest
+
+from agent_registry import services as registry_services
+from agent_registry.tests.factories import AgentFactory
+from tracing import services
+from tracing.models import Score, Trajectory
+from tracing.tests.agent_traces import refund_conversation
+
+pytestmark = pytest.mark.django_db
+
+
+def _ingest(otel, workspace):
+    api_key, _ = registry_services.apikey_create(workspace=workspace, name="k", scopes=["ingest"])
+    accepted = services.ingest_otlp_accept(
+        api_key=api_key, body=otel.protobuf(), content_type="application/x-protobuf", content_encoding=""
+    )
+    assert accepted.batch_id is not None
+    services.span_batch_process(batch_id=accepted.batch_id)
+    otel.exporter.clear()
+
+
+@pytest.fixture
+def traces(otel, workspace):
+    AgentFactory.create(workspace=workspace, slug="ride-support")
+    AgentFactory.create(workspace=workspace, slug="shopping")
+    ids = {
+        "a": refund_conversation(otel.tracer(), session="s-1"),
+        "b": refund_conversation(otel.tracer(), session="s-1", tool_fails=True),
+        "c": refund_conversation(otel.tracer(), session="s-2", agent="shopping"),
+    }
+    _ingest(otel, workspace)
+    return ids
+
+
+def test_the_list_filters_and_pages_with_a_cursor(traces, workspace, api_client_for):
+    client = api_client_for(workspace, scopes=["read"])
+
+    errors = client.get("/api/v1/trajectories", {"status": "error"}).json()["items"]
+    by_agent = client.get("/api/v1/trajectories", {"agent": "shopping"}).json()["items"]
+    by_session = client.get("/api/v1/trajectories", {"session_id": "s-1"}).json()["items"]
+    first = client.get("/api/v1/trajectories", {"limit": 2, "order": "started_at"}).json()
+    second = client.get("/api/v1/trajectories", {"limit": 2, "order": "started_at", "cursor": first["next_cursor"]}).json()
+
+    assert [item["trace_id"] for item in errors] == [traces["b"]]
+    assert [item["trace_id"] for item in by_agent] == [traces["c"]]
+    assert sorted(item["trace_id"] for item in by_session) == sorted([traces["a"], traces["b"]])
+    assert [item["trace_id"] for item in first["items"] + second["items"]] == [traces["a"], traces["b"], traces["c"]]
+    assert second["next_cursor"] is None
+    item = first["items"][0]
+    assert (item["agent"], item["steps"], item["llm_calls"], item["tool_calls"]) == ("ride-support", 5, 2, 1)
+    assert item["tokens"] == {"input": 260, "output": 50, "total": 310}
+
+
+def test_bad_list_queries_are_422(traces, workspace, api_client_for):
+    client = api_client_for(workspace, scopes=["read"])
+
+    assert client.get("/api/v1/trajectories", {"order": "sideways"}).status_code == 422
+    assert client.get("/api/v1/trajectories", {"cursor": "not-a-cursor"}).json()["code"] == "invalid_query"
+    assert client.get("/api/v1/trajectories", {"agent": "nobody"}).status_code == 404
+
+
+def test_the_detail_lists_each_calls_new_inputs_unless_asked_for_all(traces, workspace, api_client_for):
+    client = api_client_for(workspace, scopes=["read"])
+
+    compact = client.get(f"/api/v1/trajectories/{traces['a']}").json()
+    full = client.get(f"/api/v1/trajectories/{traces['a']}", {"include_inputs": "true"}).json()
+
+    assert [step["kind"] for step in compact["step_details"]] == ["agent", "message", "llm_call", "tool_call", "llm_call"]
+    calls = [step for step in compact["step_details"] if step["kind"] == "llm_call"]
+    full_calls = [step for step in full["step_details"] if step["kind"] == "llm_call"]
+    assert [call["input_message_count"] for call in calls] == [1, 1]
+    assert [len(call["input_messages"]) for call in full_calls] == [1, 1]
+    assert calls[0]["input_messages"] == [{"role": "user", "content": "I was charged twice for a cancelled ride"}]
+    assert calls[1]["input_messages"] == []  # the same history again: nothing new to show
+    assert compact["conversation"][0] == {"role": "user", "content": "I was charged twice for a cancelled ride"}
+    (tool,) = compact["tool_calls_detail"]
+    assert (tool["name"], tool["arguments"], tool["result"]) == ("lookup_trip", {"trip_id": "T-1"}, {"status": "cancelled"})
+
+
+def test_scores_are_added_and_bad_ones_refused(traces, workspace, api_client_for):
+    client = api_client_for(workspace)
+
+    created = client.post(
+        f"/api/v1/trajectories/{traces['a']}/scores",
+        data={"name": "helpfulness", "data_type": "numeric", "value": 4},
+        content_type="application/json",
+    )
+    bad = client.post(
+        f"/api/v1/trajectories/{traces['a']}/scores",
+        data={"name": "resolved", "data_type": "boolean", "value": 7},
+        content_type="application/json",
+    )
+
+    assert created.status_code == 201
+    assert (created.json()["name"], created.json()["value"], created.json()["source"]) == ("helpfulness", 4.0, "api")
+    assert (bad.status_code, bad.json()["code"]) == (422, "score_invalid")
+    assert list(Score.objects.values_list("name", flat=True)) == ["helpfulness"]
+    listed = client.get("/api/v1/trajectories", {"score": "helpfulness>=3"}).json()["items"]
+    assert [item["trace_id"] for item in listed] == [traces["a"]]
+
+
+def test_sessions_group_trajectories(traces, workspace, api_client_for):
+    client = api_client_for(workspace, scopes=["read"])
+
+    sessions = client.get("/api/v1/sessions").json()
+    one = client.get("/api/v1/sessions/s-1").json()
+
+    assert sorted((s["session_id"], s["trajectory_count"]) for s in sessions) == [("s-1", 2), ("s-2", 1)]
+    assert [t["trace_id"] for t in one["trajectories"]] == [traces["a"], traces["b"]]
+    assert client.get("/api/v1/sessions/nope").status_code == 404
+
+
+def test_another_workspace_sees_nothing(traces, other_workspace, api_client_for):
+    client = api_client_for(other_workspace)
+
+    assert client.get("/api/v1/trajectories").json()["items"] == []
+    assert client.get(f"/api/v1/trajectories/{traces['a']}").status_code == 404
+    assert client.post(
+        f"/api/v1/trajectories/{traces['a']}/scores", data={"name": "x", "value": 1}, content_type="application/json"
+    ).status_code == 404
+    assert client.get("/api/v1/sessions").json() == []
+    assert Score.objects.count() == 0
+
+
+def test_a_key_limited_to_one_agent_sees_only_its_trajectories(traces, workspace):
+    from django.test import Client
+
+    shopping = workspace.agents.get(slug="shopping")
+    _, raw_key = registry_services.apikey_create(workspace=workspace, name="s", scopes=["read"], agents=[shopping])
+    client = Client(headers={"Authorization": f"Bearer {raw_key}"})
+
+    items = client.get("/api/v1/trajectories").json()["items"]
+
+    assert [item["trace_id"] for item in items] == [traces["c"]]
+    assert client.get(f"/api/v1/trajectories/{traces['a']}").status_code == 404
+    assert Trajectory.objects.count() == 3
