@@ -532,4 +532,5 @@ def demo_seed() -> Workspace:
     from tracing import demo as tracing_demo  # tracing builds on the registry; import it here, not at the top
 
     tracing_demo.demo_traces_seed(workspace)
+    tracing_demo.demo_triage_seed(workspace)
     return workspace

@@ -16,8 +16,10 @@ from ninja.errors import ValidationError as NinjaValidationError
 from agent_registry.api import langfuse_router
 from agent_registry.api import router as registry_router
 from config.errors import KeelError
+from tracing.alerts_api import router as alerts_router
 from tracing.api import router as tracing_router
 from tracing.langfuse_api import router as langfuse_mirror_router
+from tracing.triage_api import router as triage_router
 
 logger = logging.getLogger("config.api")
 
@@ -108,6 +110,8 @@ api = NinjaAPI(
 api.add_router("/", registry_router)
 api.add_router("/", tracing_router)
 api.add_router("/", langfuse_mirror_router)
+api.add_router("/", triage_router)
+api.add_router("/", alerts_router)
 _install_error_handlers(api)
 
 langfuse_api = NinjaAPI(

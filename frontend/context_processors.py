@@ -8,6 +8,7 @@ from django.http import HttpRequest
 from agent_registry import selectors
 from agent_registry.models import User
 from frontend.access import membership_can_edit, membership_can_manage_keys
+from tracing import alerts
 
 # The sidebar entry that a page belongs to, by the prefix of its URL name.
 _SECTIONS = (
@@ -20,6 +21,8 @@ _SECTIONS = (
     ("trajectory", "trajectories"),
     ("replay", "trajectories"),
     ("session", "sessions"),
+    ("review", "review"),
+    ("alert", "alerts"),
 )
 
 
@@ -47,5 +50,7 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
         nav_section=section,
         can_edit=membership_can_edit(current),
         can_manage_keys=membership_can_manage_keys(current),
+        # The sidebar's badge: alerts nobody acknowledged yet.
+        nav_open_alerts=alerts.alert_unacknowledged_count(workspace=current.workspace) if current is not None else 0,
     )
     return context

@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from agent_registry import requirements as req
 from agent_registry.models import Agent, PromptType, Scope
+from tracing import signals
 from tracing.models import DivergencePolicy, ScoreDataType, TrajectoryStatus
 from tracing.selectors import TrajectoryFilter
 
@@ -967,6 +968,7 @@ TRAJECTORY_ORDERS = (
     ("steps", "Fewest steps"),
     ("-tokens", "Most tokens"),
     ("tokens", "Fewest tokens"),
+    ("-triage_score", "Most worth reviewing"),
 )
 _DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
 
@@ -1012,6 +1014,11 @@ class TrajectoryFilterForm(forms.Form):
     score = forms.ChoiceField(label="Score", required=False)
     score_min = forms.FloatField(label="Score at least", required=False)
     score_max = forms.FloatField(label="Score at most", required=False)
+    signal = forms.ChoiceField(
+        label="Signal",
+        required=False,
+        choices=[("", "Any signal"), *((name, name.replace("_", " ").capitalize()) for name in signals.SIGNAL_NAMES)],
+    )
     order = forms.ChoiceField(label="Order", required=False, choices=TRAJECTORY_ORDERS)
 
     def __init__(
@@ -1062,6 +1069,7 @@ class TrajectoryFilterForm(forms.Form):
                 score_min=data.get("score_min") if score else None,
                 score_max=data.get("score_max") if score else None,
                 search=(data.get("q") or "").strip() or None,
+                signal=data.get("signal") or None,
             ),
             order=data.get("order") or "-started_at",
         )

@@ -391,3 +391,85 @@ def diff_rows(diff: ReplayDiff, original: TrajectoryView, replay: TrajectoryView
         )
         for position, pair in enumerate(diff.steps)
     ]
+
+
+# --- Triage signals -----------------------------------------------------------------------------------
+
+_LEVEL_RANK: Final = {"info": 0, "warning": 1, "error": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class SignalView:
+    """One signal instance as the side panel shows it: what fired, how badly, why, and its evidence."""
+
+    signal: str
+    kind: str
+    category: str
+    level: str
+    severity: float
+    why: str
+    snippets: tuple[str, ...]
+    steps: tuple[int, ...]
+
+    @property
+    def label(self) -> str:
+        return self.signal.replace("_", " ")
+
+    @property
+    def kind_label(self) -> str:
+        return self.kind.replace("_", " ")
+
+
+def signal_views(instances: Any, step_count: int) -> list[SignalView]:
+    """The stored instances (tracing.services.signal_report_json), worst first; step links only to steps
+    that exist (a recompute may have left an index behind)."""
+    found = []
+    for instance in instances if isinstance(instances, list) else []:
+        if not isinstance(instance, dict):
+            continue
+        level = str(instance.get("level") or "info")
+        found.append(
+            SignalView(
+                signal=str(instance.get("signal") or ""),
+                kind=str(instance.get("kind") or ""),
+                category=str(instance.get("category") or ""),
+                level=level if level in _LEVEL_RANK else "info",
+                severity=float(instance.get("severity") or 0),
+                why=str(instance.get("why") or ""),
+                snippets=tuple(str(snippet) for snippet in instance.get("snippets") or ()),
+                steps=tuple(
+                    index for index in instance.get("steps") or () if isinstance(index, int) and 0 <= index < step_count
+                ),
+            )
+        )
+    return sorted(found, key=lambda view: (-_LEVEL_RANK[view.level], -view.severity, view.signal))
+
+
+@dataclass(frozen=True, slots=True)
+class SignalBadge:
+    signal: str
+    level: str
+    count: int
+
+    @property
+    def label(self) -> str:
+        return self.signal.replace("_", " ")
+
+
+def signal_badges(instances: Any) -> list[SignalBadge]:
+    """One badge per signal of a trajectory, coloured by its worst instance's level, worst first."""
+    levels: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for instance in instances if isinstance(instances, list) else []:
+        if not isinstance(instance, dict) or not instance.get("signal"):
+            continue
+        name = str(instance["signal"])
+        level = str(instance.get("level") or "info")
+        level = level if level in _LEVEL_RANK else "info"
+        counts[name] = counts.get(name, 0) + 1
+        if _LEVEL_RANK[level] >= _LEVEL_RANK.get(levels.get(name, "info"), 0):
+            levels[name] = level
+    return sorted(
+        (SignalBadge(name, levels[name], counts[name]) for name in counts),
+        key=lambda badge: (-_LEVEL_RANK[badge.level], badge.signal),
+    )

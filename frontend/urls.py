@@ -1,6 +1,6 @@
 from django.urls import URLPattern, URLResolver, include, path
 
-from frontend import views
+from frontend import alerts, review, triage_views, views
 
 app_name = "frontend"
 
@@ -13,6 +13,18 @@ agent_patterns: list[URLPattern | URLResolver] = [
     path("configuration/", views.configuration_view, name="configuration"),
     path("prompts/", views.agent_prompt_list_view, name="agent_prompt_list"),
     path("trajectories/", views.agent_trajectory_list_view, name="agent_trajectory_list"),
+    path("triage/", triage_views.agent_triage_view, name="agent_triage"),
+    path("signals/", triage_views.agent_signals_view, name="agent_signals"),
+    path("alert-rules/", alerts.agent_alert_rules_view, name="agent_alert_rules"),
+    path("alert-rules/<int:rule_id>/", alerts.agent_alert_rule_edit_view, name="agent_alert_rule_edit"),
+    path("alert-rules/<int:rule_id>/delete/", alerts.agent_alert_rule_delete_view, name="agent_alert_rule_delete"),
+]
+
+review_patterns: list[URLPattern | URLResolver] = [
+    path("", review.review_list_view, name="review_list"),
+    path("informativeness/", review.review_informativeness_view, name="review_informativeness"),
+    path("<int:sample_id>/", review.review_sample_view, name="review_sample"),
+    path("<int:sample_id>/items/<int:position>/", review.review_item_view, name="review_item"),
 ]
 
 trajectory_patterns: list[URLPattern | URLResolver] = [
@@ -39,6 +51,9 @@ workspace_patterns: list[URLPattern | URLResolver] = [
     path("replays/<int:replay_id>/", views.replay_detail_view, name="replay_detail"),
     path("sessions/", views.session_list_view, name="session_list"),
     path("sessions/<path:session_id>/", views.session_detail_view, name="session_detail"),
+    path("review/", include(review_patterns)),
+    path("alerts/", alerts.alert_list_view, name="alert_list"),
+    path("alerts/<int:alert_id>/acknowledge/", alerts.alert_acknowledge_view, name="alert_acknowledge"),
     path("keys/", views.apikey_list_view, name="apikey_list"),
     path("keys/<int:key_id>/revoke/", views.apikey_revoke_view, name="apikey_revoke"),
 ]

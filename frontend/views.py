@@ -854,6 +854,25 @@ class ScoreTarget:
     chosen: bool
 
 
+def step_through_context(request: HttpRequest, trajectory: Trajectory) -> dict[str, Any]:
+    """What the step-through view shows of a trajectory (its steps, waterfall, the selected step and the
+    triage signals with their evidence): shared by the trajectory page and the review queue."""
+    view = tracing_selectors.trajectory_view(trajectory=trajectory)
+    steps = display.step_views(view)
+    total_ms = max(view.end_time_ns - view.start_time_ns, 0) / 1e6
+    return {
+        "trajectory": trajectory,
+        "view": view,
+        "steps": steps,
+        "bars": display.waterfall(view, steps),
+        "selected": _selected_step(request.GET.get("step"), steps),
+        "step_count": len(steps),
+        "first_error": next((item.index for item in steps if item.is_error), None),
+        "scale": [total_ms * fraction for fraction in (0, 0.25, 0.5, 0.75, 1)],
+        "signal_views": display.signal_views(trajectory.signals, len(steps)),
+    }
+
+
 def _trajectory_page(
     request: HttpRequest,
     membership: Membership,
@@ -862,12 +881,12 @@ def _trajectory_page(
     replay_form: forms.ReplayForm | None = None,
     status: int = 200,
 ) -> HttpResponse:
-    view = tracing_selectors.trajectory_view(trajectory=trajectory)
+    context = step_through_context(request, trajectory)
+    steps: list[display.StepView] = context["steps"]
+    selected: display.StepView | None = context["selected"]
     can_edit = membership_can_edit(membership)
     if replay_form is None and can_edit:
         replay_form = _replay_form(membership, trajectory)
-    steps = display.step_views(view)
-    selected = _selected_step(request.GET.get("step"), steps)
     scores = list(tracing_selectors.trajectory_score_list(trajectory=trajectory))
     step_of_span = display.first_step_of_span(steps)
     score_form = score_form or forms.ScoreForm()
@@ -878,23 +897,15 @@ def _trajectory_page(
         label=f"Step {target.index} · {target.title}" if target is not None else f"Span {posted_span}",
         chosen=bool(posted_span),
     )
-    total_ms = max(view.end_time_ns - view.start_time_ns, 0) / 1e6
     return _render(
         request,
         membership,
         "frontend/trajectories/detail.html",
         {
-            "trajectory": trajectory,
-            "view": view,
-            "steps": steps,
-            "bars": display.waterfall(view, steps),
-            "selected": selected,
+            **context,
             "scores": [(score, step_of_span.get(score.span_id)) for score in scores],
             "score_form": score_form,
             "prompt_versions": list(tracing_selectors.trajectory_prompt_version_list(trajectory=trajectory)),
-            "step_count": len(steps),
-            "first_error": next((item.index for item in steps if item.is_error), None),
-            "scale": [total_ms * fraction for fraction in (0, 0.25, 0.5, 0.75, 1)],
             "score_target": score_target,
             "replay_form": replay_form,
             "replays": list(tracing_selectors.replay_list(trajectory=trajectory)),

@@ -40,8 +40,16 @@ from agent_registry import prompts
 from agent_registry import selectors as registry_selectors
 from agent_registry import services as registry_services
 from agent_registry.models import Agent, ApiKey, PromptType, Role, User, Workspace
-from tracing import services
-from tracing.models import ScoreDataType, ScoreSource, Trajectory
+from tracing import alerts, sampling, services, triage
+from tracing.models import (
+    ReviewItem,
+    ReviewSample,
+    ScoreDataType,
+    ScoreSource,
+    Trajectory,
+    TrajectoryStatus,
+    TriageSettings,
+)
 
 DEMO_KEY_NAME: Final = "Demo trace ingest"
 STORE: Final = "Northwind Outfitters"
@@ -1140,3 +1148,105 @@ def demo_traces_seed(workspace: Workspace) -> int:
                 created_by=owner,
             )
     return len({turn.trace_id for turn in turns} - stored)
+
+
+# --- Triage: settings, review queues with decisions, alert rules and an alert ------------------------------
+
+DEMO_SAMPLE_SIZE: Final = 8
+DEMO_REVIEWED_PER_SAMPLE: Final = 6
+DEMO_RULES: Final = (
+    # agent, name, signal, threshold, window (minutes), minimum, severity, cooldown (minutes)
+    ("ride-support", "Error rate this week", "error_status", 0.05, 7 * 24 * 60, 10, "page", 24 * 60),
+    ("ride-support", "Misalignment rate", "misalignment", 0.10, 60, 20, "info", 60),
+    ("shopping-assistant", "Loop rate this week", "loop", 0.02, 7 * 24 * 60, 20, "warning", 24 * 60),
+)
+
+
+def _demo_decision(item: ReviewItem) -> dict[str, Any]:
+    """What the demo's reviewer decides: informative where a problem signal (other than the shopping
+    agent's tight latency ceiling) fired or the run failed; now and then something a signal missed."""
+    trajectory = item.trajectory
+    fired = [name for name in sampling.FAILURE_MODES if name in set(item.signal_names) & sampling.PROBLEM_SIGNALS]
+    telling = [name for name in fired if name != "exhaustion"]
+    if trajectory.status == TrajectoryStatus.ERROR:
+        return {"informative": True, "failure_mode": "failure", "note": "A tool failed and the rider was left waiting."}
+    if telling:
+        return {"informative": True, "failure_mode": telling[0], "note": ""}
+    if fired:
+        return {
+            "informative": False,
+            "failure_mode": "",
+            "note": "Only the latency ceiling fired; the answer was fine.",
+        }
+    if Dice(f"keel-demo-review/{trajectory.trace_id}").random() < 0.2:
+        return {"informative": True, "failure_mode": "other", "note": "Recommended an item the shopper already owns."}
+    return {"informative": False, "failure_mode": "", "note": ""}
+
+
+def demo_triage_seed(workspace: Workspace) -> None:
+    """Triage settings for ride-support, a review queue per sampling strategy with most items decided (through
+    the review services), alert rules, and the alerts that evaluating them over the demo week fires.
+
+    Idempotent: settings, queues and rules are made once; rules are evaluated only until they first fire.
+    Precondition: demo_traces_seed ran.
+    """
+    owner = next(
+        (m.user for m in registry_selectors.workspace_member_list(workspace=workspace) if m.role == Role.OWNER), None
+    )
+    ride = registry_selectors.agent_get(workspace=workspace, slug=RIDE.slug)
+    if not TriageSettings.objects.filter(agent=ride).exists():
+        triage.triage_settings_update(
+            agent=ride,
+            language="en",
+            phrases={
+                "en": {
+                    "negative": {"mode": "extend", "phrases": ["this is a joke", "unbelievable"]},
+                    "correction": {"mode": "extend", "phrases": ["that's not my question"]},
+                }
+            },
+            weights={"misalignment": 0.7, "disengagement": 0.6},
+            handoff_tools=["escalate_to_human"],
+            review_budget_per_day=10,
+            review_strategies=["signal", "random"],
+            updated_by=owner,
+        )
+        # Workers would recompute in the background; the demo has none running yet, so do it here.
+        ids = list(Trajectory.objects.filter(agent=ride).values_list("pk", flat=True))
+        services.trajectory_signals_recompute(trajectory_ids=ids)
+
+    now = timezone.now()
+    for strategy in sampling.STRATEGIES:
+        seed = f"demo:{strategy}"
+        if ReviewSample.objects.filter(workspace=workspace, seed=seed).exists():
+            continue
+        sample = triage.review_sample_create(
+            workspace=workspace,
+            strategy=strategy,
+            window_start=now - timedelta(days=8),
+            window_end=now,
+            budget=DEMO_SAMPLE_SIZE,
+            created_by=owner,
+            seed=seed,
+        )
+        for item in triage.review_item_list(sample=sample)[:DEMO_REVIEWED_PER_SAMPLE]:
+            triage.review_item_decide(item=item, status="reviewed", reviewer=owner, **_demo_decision(item))
+
+    for slug, name, signal, threshold, window, minimum, severity, cooldown in DEMO_RULES:
+        agent = registry_selectors.agent_get(workspace=workspace, slug=slug)
+        rule = alerts.alert_rule_list(workspace=workspace, agent=agent).filter(name=name).first()
+        if rule is None:
+            rule = alerts.alert_rule_create(
+                agent=agent,
+                fields=alerts.RuleFields(
+                    name=name,
+                    signal=signal,
+                    threshold=threshold,
+                    window_minutes=window,
+                    min_trajectories=minimum,
+                    severity=severity,
+                    cooldown_minutes=cooldown,
+                ),
+                created_by=owner,
+            )
+        if rule.last_fired_at is None:
+            alerts.alert_rule_evaluate(rule=rule, now=now)

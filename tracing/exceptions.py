@@ -81,3 +81,35 @@ class LangfuseMirrorInvalid(ValidationFailed):
 
 class LangfuseMirrorNotFound(NotFound):
     code = "langfuse_mirror_not_found"
+
+
+class TriageSettingsInvalid(ValidationFailed):
+    code = "triage_settings_invalid"
+
+
+class ReviewSampleInvalid(ValidationFailed):
+    code = "review_sample_invalid"
+
+
+class ReviewSampleNotFound(NotFound):
+    code = "review_sample_not_found"
+
+
+class ReviewItemNotFound(NotFound):
+    code = "review_item_not_found"
+
+
+class ReviewDecisionInvalid(ValidationFailed):
+    code = "review_decision_invalid"
+
+
+class AlertRuleInvalid(ValidationFailed):
+    code = "alert_rule_invalid"
+
+
+class AlertRuleNotFound(NotFound):
+    code = "alert_rule_not_found"
+
+
+class AlertNotFound(NotFound):
+    code = "alert_not_found"

@@ -14,7 +14,7 @@ from typing import ClassVar
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from agent_registry.models import Agent, ApiKey, PromptVersion, User, Workspace
@@ -387,3 +387,260 @@ class LangfuseExport(models.Model):
 
     def __str__(self) -> str:
         return f"Langfuse export {self.pk} ({self.kind}, {self.status})"
+
+
+# --- Triage settings, review samples, alerts (tracing.triage, tracing.alerts) ---------------------------
+
+
+class TriageSettings(models.Model):
+    """What a team changed from the default triage setup of one agent (tracing.triage_config merges it
+    over tracing.signals' defaults), and how much of its traffic is drawn for review each day."""
+
+    agent = models.OneToOneField(Agent, on_delete=models.CASCADE, related_name="triage_settings")
+    language = models.CharField(max_length=16, default="en")
+    # {language: {list name: {"mode": "extend" | "replace", "phrases": [...]}}}
+    phrases = models.JSONField(default=dict, blank=True)
+    weights = models.JSONField(default=dict, blank=True)  # signal -> weight in [-1, 1]
+    thresholds = models.JSONField(default=dict, blank=True)  # tracing.triage_config.EXPOSED_THRESHOLDS
+    limits = models.JSONField(default=dict, blank=True)  # tracing.triage_config.LIMITS
+    handoff_tools = ArrayField(models.CharField(max_length=300), default=list, blank=True)
+    # The daily review draw: this many trajectories of the last day per strategy (0: none).
+    review_budget_per_day = models.PositiveIntegerField(default=0)
+    review_strategies = ArrayField(models.CharField(max_length=20), default=list, blank=True)
+    updated_at = models.DateTimeField(db_default=Now())
+    updated_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    def __str__(self) -> str:
+        return f"triage settings of {self.agent}"
+
+
+class ReviewStrategy(models.TextChoices):
+    SIGNAL = "signal", "Signal-based"
+    RANDOM = "random", "Random"
+    LENGTH = "length", "Length-based"
+    STRATIFIED_AGENT = "stratified_agent", "Stratified by agent"
+    STRATIFIED_SCORE = "stratified_score", "Stratified by triage score"
+
+
+class ReviewSampleSource(models.TextChoices):
+    MANUAL = "manual", "Drawn by a person"
+    DAILY = "daily", "Daily draw"
+
+
+class ReviewSample(models.Model):
+    """A review queue: trajectories of a time window drawn by one strategy, reviewed in order.
+
+    A sample's queue is its workspace, agent (none: every agent) and strategy: a trajectory already
+    drawn into an earlier sample of the same queue is not drawn again unless `allow_repeats`.
+    """
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+    agent = models.ForeignKey(Agent, null=True, blank=True, on_delete=models.CASCADE, related_name="review_samples")
+    strategy = models.CharField(max_length=20, choices=ReviewStrategy.choices)
+    source = models.CharField(max_length=8, choices=ReviewSampleSource.choices, default=ReviewSampleSource.MANUAL)
+    window_start = models.DateTimeField()
+    window_end = models.DateTimeField()
+    budget = models.PositiveIntegerField()
+    seed = models.CharField(max_length=64)
+    allow_repeats = models.BooleanField(default=False)
+    created_at = models.DateTimeField(db_default=Now())
+    created_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_via_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        constraints: ClassVar = [
+            models.CheckConstraint(
+                condition=Q(strategy__in=ReviewStrategy.values), name="review_sample_strategy_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(source__in=ReviewSampleSource.values), name="review_sample_source_valid"
+            ),
+            models.CheckConstraint(condition=Q(window_end__gt=F("window_start")), name="review_sample_window_valid"),
+            models.CheckConstraint(condition=Q(budget__gte=1), name="review_sample_budget_positive"),
+            # Several beat or worker processes may run the daily draw: only one sample per day and queue.
+            models.UniqueConstraint(
+                fields=["agent", "strategy", "window_start"],
+                condition=Q(source="daily"),
+                name="review_sample_daily_once",
+            ),
+        ]
+        indexes: ClassVar = [models.Index(fields=["workspace", "-created_at"], name="review_sample_recent")]
+
+    def __str__(self) -> str:
+        return f"review sample {self.pk} ({self.strategy}, {self.budget})"
+
+
+class ReviewItemStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    REVIEWED = "reviewed", "Reviewed"
+    SKIPPED = "skipped", "Skipped"
+
+
+class ReviewItem(models.Model):
+    """One trajectory of a review sample, and the reviewer's decision about it."""
+
+    sample = models.ForeignKey(ReviewSample, on_delete=models.CASCADE, related_name="items")
+    trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="review_items")
+    position = models.PositiveIntegerField()
+    # What triage said when the trajectory was drawn (it may be recomputed later).
+    triage_score = models.FloatField(default=0)
+    signal_names = ArrayField(models.CharField(max_length=40), default=list, blank=True)
+    status = models.CharField(max_length=8, choices=ReviewItemStatus.choices, default=ReviewItemStatus.PENDING)
+    informative = models.BooleanField(null=True, blank=True)
+    failure_mode = models.CharField(max_length=40, blank=True)  # tracing.sampling.FAILURE_MODES
+    note = models.TextField(blank=True)
+    reviewer = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    reviewed_via_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    reviewed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints: ClassVar = [
+            models.UniqueConstraint(fields=["sample", "trajectory"], name="review_item_once_per_sample"),
+            models.UniqueConstraint(fields=["sample", "position"], name="review_item_position_unique"),
+            models.CheckConstraint(condition=Q(status__in=ReviewItemStatus.values), name="review_item_status_valid"),
+            # A reviewed item says whether it was informative; a pending one says nothing yet.
+            models.CheckConstraint(
+                condition=(Q(status="reviewed") & Q(informative__isnull=False))
+                | (Q(status="pending") & Q(informative__isnull=True))
+                | Q(status="skipped"),
+                name="review_item_decision_matches_status",
+            ),
+        ]
+        indexes: ClassVar = [models.Index(fields=["sample", "status", "position"], name="review_item_queue")]
+
+    def __str__(self) -> str:
+        return f"review item {self.position} of sample {self.sample_id} ({self.status})"
+
+
+class AlertSeverity(models.TextChoices):
+    INFO = "info", "Info"
+    WARNING = "warning", "Warning"
+    PAGE = "page", "Page"
+
+
+# What an alert rule watches besides a signal name: trajectories that ended in error.
+ERROR_STATUS_SIGNAL = "error_status"
+
+
+class AlertRule(models.Model):
+    """Fire when the share of an agent's trajectories with a signal (or an error status) passes a
+    threshold over a window, with at least `min_trajectories` in it; then stay quiet for the cooldown.
+
+    `last_fired_at` is how evaluators agree: a firing is claimed by a conditional UPDATE on it, so
+    several beat or worker processes evaluating at once fire a rule once.
+    """
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="alert_rules")
+    name = models.CharField(max_length=200)
+    signal = models.CharField(max_length=40)  # a tracing.signals name, or ERROR_STATUS_SIGNAL
+    threshold = models.FloatField()  # a share in [0, 1): fire when the rate is above it
+    window_minutes = models.PositiveIntegerField(default=60)
+    min_trajectories = models.PositiveIntegerField(default=20)
+    severity = models.CharField(max_length=8, choices=AlertSeverity.choices, default=AlertSeverity.WARNING)
+    cooldown_minutes = models.PositiveIntegerField(default=60)
+    enabled = models.BooleanField(default=True)
+    email_to = ArrayField(models.EmailField(), default=list, blank=True)
+    webhook_url = models.URLField(max_length=500, blank=True)
+    webhook_secret_encrypted = models.TextField(blank=True)
+    last_fired_at = models.DateTimeField(null=True, blank=True)
+    last_evaluated_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    created_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        constraints: ClassVar = [
+            models.CheckConstraint(condition=Q(severity__in=AlertSeverity.values), name="alert_rule_severity_valid"),
+            models.CheckConstraint(
+                condition=Q(threshold__gte=0) & Q(threshold__lt=1), name="alert_rule_threshold_share"
+            ),
+            models.CheckConstraint(condition=Q(window_minutes__gte=1), name="alert_rule_window_positive"),
+            models.CheckConstraint(condition=Q(cooldown_minutes__gte=1), name="alert_rule_cooldown_positive"),
+            models.CheckConstraint(condition=Q(min_trajectories__gte=1), name="alert_rule_min_positive"),
+            # A webhook is signed: no URL without a secret.
+            models.CheckConstraint(
+                condition=Q(webhook_url="") | ~Q(webhook_secret_encrypted=""), name="alert_rule_webhook_signed"
+            ),
+        ]
+        indexes: ClassVar = [models.Index(fields=["enabled"], name="alert_rule_enabled")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.signal} > {self.threshold:.1%} over {self.window_minutes} min)"
+
+
+class Alert(models.Model):
+    """One firing of a rule: what was observed, over which window, and the trajectories behind it."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+    rule = models.ForeignKey(AlertRule, on_delete=models.CASCADE, related_name="alerts")
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="+")
+    signal = models.CharField(max_length=40)
+    severity = models.CharField(max_length=8, choices=AlertSeverity.choices)
+    threshold = models.FloatField()
+    fired_at = models.DateTimeField()
+    window_start = models.DateTimeField()
+    window_end = models.DateTimeField()
+    observed_rate = models.FloatField()
+    matching_count = models.PositiveIntegerField()
+    trajectory_count = models.PositiveIntegerField()
+    # The newest trajectories behind the alert (all of them are the list filtered by agent, signal, window).
+    trace_ids = ArrayField(models.CharField(max_length=32), default=list, blank=True)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    acknowledged_via_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        constraints: ClassVar = [
+            models.CheckConstraint(condition=Q(severity__in=AlertSeverity.values), name="alert_severity_valid"),
+        ]
+        indexes: ClassVar = [
+            models.Index(fields=["workspace", "-fired_at"], name="alert_recent"),
+            models.Index(fields=["workspace"], name="alert_unacknowledged", condition=Q(acknowledged_at__isnull=True)),
+        ]
+
+    def __str__(self) -> str:
+        return f"alert {self.pk}: {self.signal} at {self.observed_rate:.1%}"
+
+
+class AlertChannel(models.TextChoices):
+    DASHBOARD = "dashboard", "Dashboard"
+    EMAIL = "email", "Email"
+    WEBHOOK = "webhook", "Webhook"
+
+
+class DeliveryStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    SENDING = "sending", "Sending"
+    DONE = "done", "Delivered"
+    FAILED = "failed", "Failed"
+
+
+class AlertDelivery(models.Model):
+    """One channel's delivery of an alert (an outbox row, written with the alert): sent by a worker,
+    retried with backoff, failed for good only after many attempts, its last error kept."""
+
+    alert = models.ForeignKey(Alert, on_delete=models.CASCADE, related_name="deliveries")
+    channel = models.CharField(max_length=10, choices=AlertChannel.choices)
+    status = models.CharField(max_length=8, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(db_default=Now())
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints: ClassVar = [
+            models.UniqueConstraint(fields=["alert", "channel"], name="alert_delivery_once_per_channel"),
+            models.CheckConstraint(condition=Q(channel__in=AlertChannel.values), name="alert_delivery_channel_valid"),
+            models.CheckConstraint(condition=Q(status__in=DeliveryStatus.values), name="alert_delivery_status_valid"),
+        ]
+        indexes: ClassVar = [
+            models.Index(
+                fields=["next_attempt_at"],
+                name="alert_delivery_due",
+                condition=Q(status__in=["pending", "sending"]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.channel} delivery of alert {self.alert_id} ({self.status})"

@@ -373,21 +373,38 @@ class _SignalConfigs:
 
 
 def signal_config_for_agent(agent_id: int) -> signals.SignalConfig:
+    """The agent's triage configuration: the limits its requirements set (the agentic step limit, the
+    latency ceiling), then what its `TriageSettings` change (phrases, language, weights, thresholds,
+    token limits, hand-off tools; merged by tracing.triage_config)."""
     from agent_registry import requirements
+    from tracing import triage_config
+    from tracing.models import TriageSettings
 
+    config = signals.DEFAULT_CONFIG
     answers = (
         Agent.objects.filter(pk=agent_id, current_requirements__isnull=False)
         .values_list("current_requirements__answers", flat=True)
         .first()
     )
-    if answers is None:
-        return signals.DEFAULT_CONFIG
-    parsed = requirements.Requirements.model_validate(answers)
-    budgets = {budget["tier"]: budget for budget in requirements.derived_configuration(parsed).tier_budgets.value}
-    agentic = budgets.get("agentic")
-    return signals.SignalConfig(
-        max_steps=agentic["max_steps"] if agentic else None,
-        time_budget_seconds=parsed.constraints.latency.hard_ceiling_ms / 1000,
+    if answers is not None:
+        parsed = requirements.Requirements.model_validate(answers)
+        budgets = {budget["tier"]: budget for budget in requirements.derived_configuration(parsed).tier_budgets.value}
+        agentic = budgets.get("agentic")
+        config = signals.SignalConfig(
+            max_steps=agentic["max_steps"] if agentic else None,
+            time_budget_seconds=parsed.constraints.latency.hard_ceiling_ms / 1000,
+        )
+    settings_row = TriageSettings.objects.filter(agent_id=agent_id).first()
+    if settings_row is None:
+        return config
+    return triage_config.signal_config_build(
+        config,
+        language=settings_row.language,
+        phrases=settings_row.phrases,
+        weights=settings_row.weights,
+        thresholds=settings_row.thresholds,
+        limits=settings_row.limits,
+        handoff_tools=settings_row.handoff_tools,
     )
 
 

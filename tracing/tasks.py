@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
-from tracing import langfuse_bridge, replay, services
+from tracing import alerts, langfuse_bridge, replay, services, triage
 from tracing.exceptions import ReplayProviderUnavailable
 
 
@@ -79,3 +79,37 @@ def langfuse_export_sweep() -> None:
 def trajectory_signals_recompute(trajectory_ids: list[int]) -> None:
     """Recompute triage signals for a chunk of trajectories (after detectors or weights changed)."""
     services.trajectory_signals_recompute(trajectory_ids=trajectory_ids)
+
+
+@shared_task(name="tracing.agent_signals_recompute", ignore_result=True, soft_time_limit=280, time_limit=300)
+def agent_signals_recompute(agent_id: int) -> None:
+    """After an agent's triage settings changed: queue a recompute of each chunk of its trajectories."""
+    triage.agent_signals_recompute_enqueue(agent_id=agent_id)
+
+
+@shared_task(name="tracing.review_samples_daily", ignore_result=True, soft_time_limit=1700, time_limit=1800)
+def review_samples_daily() -> None:
+    """Scheduled by beat, daily: draw each agent's review budget from yesterday's trajectories."""
+    triage.review_samples_daily()
+
+
+@shared_task(name="tracing.alert_rules_evaluate", ignore_result=True, soft_time_limit=50, time_limit=60)
+def alert_rules_evaluate() -> None:
+    """Scheduled by beat, every minute: evaluate every enabled alert rule; a rule fires once per cooldown
+    however many evaluators run."""
+    alerts.alert_rules_evaluate()
+
+
+@shared_task(
+    name="tracing.alert_delivery_deliver", acks_late=True, ignore_result=True, soft_time_limit=50, time_limit=60
+)
+def alert_delivery_deliver(delivery_id: int) -> None:
+    """Send one alert by email or webhook; failures are retried by schedule, with backoff."""
+    alerts.alert_delivery_deliver(delivery_id=delivery_id)
+
+
+@shared_task(name="tracing.alert_delivery_sweep", ignore_result=True, soft_time_limit=50, time_limit=60)
+def alert_delivery_sweep() -> None:
+    """Scheduled by beat: send the alert deliveries whose retry time has come."""
+    for delivery_id in alerts.alert_delivery_due():
+        alert_delivery_deliver.delay(delivery_id)

@@ -18,3 +18,5 @@ MIDDLEWARE = [entry for entry in MIDDLEWARE if entry != "whitenoise.middleware.W
 # live_server threads serve keep-alive clients (Langfuse SDK, Chromium); a persistent connection per
 # thread would outlive the test and block the test database's teardown.
 DATABASES["default"]["CONN_MAX_AGE"] = 0
+# Alert emails land in django.core.mail.outbox.
+EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"

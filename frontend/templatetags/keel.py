@@ -11,6 +11,8 @@ from django import template
 from django.utils import timezone
 from django.utils.timesince import timesince
 
+from frontend import trajectories as display
+
 register = template.Library()
 
 _ACRONYMS = {"pii": "PII", "csat": "CSAT", "llm": "LLM", "pr": "PR"}
@@ -149,3 +151,20 @@ def score_value(score: Any) -> str:
     if data_type == "numeric":
         return f"{getattr(score, 'value', 0):g}"
     return str(getattr(score, "string_value", ""))
+
+
+@register.filter
+def signal_badges(instances: Any) -> list[Any]:
+    """A trajectory's signals as badges (frontend.trajectories.signal_badges)."""
+    return list(display.signal_badges(instances))
+
+
+@register.filter
+def share(value: Any, digits: int = 0) -> str:
+    """A share in [0, 1] as a percentage: 0.8234 → 82%; None → —."""
+    if value is None:
+        return "—"
+    try:
+        return f"{float(value) * 100:.{int(digits)}f}%"
+    except (TypeError, ValueError):
+        return str(value)

@@ -4,6 +4,7 @@ trajectory with a pending replay, and a client per role in the first."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -30,8 +31,18 @@ from agent_registry.tests.factories import (
     requirements_answers,
 )
 from frontend.tests import traces
-from tracing import replay
-from tracing.models import Replay, Score, Trajectory
+from tracing import replay, triage
+from tracing.models import (
+    Alert,
+    AlertRule,
+    Replay,
+    ReviewItem,
+    ReviewSample,
+    Score,
+    Trajectory,
+    TriageSettings,
+)
+from tracing.tests.factories import AlertFactory, AlertRuleFactory
 
 
 @dataclass
@@ -42,6 +53,9 @@ class Tenant:
     api_key: ApiKey
     trajectory: Trajectory
     replay: Replay
+    sample: ReviewSample
+    rule: AlertRule
+    alert: Alert
 
 
 def _tenant(workspace: Workspace, author: User) -> Tenant:
@@ -71,6 +85,15 @@ def _tenant(workspace: Workspace, author: User) -> Tenant:
     api_key, _ = services.apikey_create(workspace=workspace, name="ingest", scopes=["ingest"], created_by=author)
     trajectory = traces.conversation(workspace, f"{workspace.slug}/refund")
     pending = replay.replay_create(original=trajectory, from_step=3, created_by=author)
+    sample = triage.review_sample_create(
+        workspace=workspace,
+        strategy="random",
+        window_start=trajectory.started_at - timedelta(hours=1),
+        window_end=trajectory.started_at + timedelta(hours=1),
+        budget=5,
+        created_by=author,
+    )
+    rule = AlertRuleFactory.create(agent=agent, name="Loop rate", signal="loop", min_trajectories=1)
     return Tenant(
         workspace=workspace,
         agent=agent,
@@ -78,6 +101,9 @@ def _tenant(workspace: Workspace, author: User) -> Tenant:
         api_key=api_key,
         trajectory=trajectory,
         replay=pending,
+        sample=sample,
+        rule=rule,
+        alert=AlertFactory.create(rule=rule),
     )
 
 
@@ -142,6 +168,17 @@ def page_urls(tenant: Tenant) -> dict[str, str]:
         "session_list": f"/w/{ws}/sessions/",
         "session_detail": f"/w/{ws}/sessions/{tenant.trajectory.session_id}/",
         "replay_detail": f"/w/{ws}/replays/{tenant.replay.pk}/",
+        "review_list": f"/w/{ws}/review/",
+        "review_informativeness": f"/w/{ws}/review/informativeness/",
+        "review_sample": f"/w/{ws}/review/{tenant.sample.pk}/",
+        "review_item": f"/w/{ws}/review/{tenant.sample.pk}/items/1/",
+        "alert_list": f"/w/{ws}/alerts/",
+        "alert_list_open": f"/w/{ws}/alerts/?show=open",
+        "agent_triage": f"/w/{ws}/agents/{agent}/triage/",
+        "agent_signals": f"/w/{ws}/agents/{agent}/signals/",
+        "agent_signals_daily": f"/w/{ws}/agents/{agent}/signals/?period=30d",
+        "agent_alert_rules": f"/w/{ws}/agents/{agent}/alert-rules/",
+        "agent_alert_rule_edit": f"/w/{ws}/agents/{agent}/alert-rules/{tenant.rule.pk}/",
     }
 
 
@@ -176,6 +213,42 @@ def post_cases(tenant: Tenant) -> dict[str, tuple[str, dict[str, Any]]]:
             f"/w/{ws}/trajectories/{trace_id}/replays/",
             {"from_step": "3", "prompt_version": "support/triage:2", "divergence": "stop", "max_steps": "5"},
         ),
+        "review_sample_create": (f"/w/{ws}/review/", {"strategy": "random", "period": "7d", "budget": "5"}),
+        "review_item_decide": (
+            f"/w/{ws}/review/{tenant.sample.pk}/items/1/",
+            {"decision": "informative", "failure_mode": "goal_drift", "note": "answered another question"},
+        ),
+        "alert_acknowledge": (f"/w/{ws}/alerts/{tenant.alert.pk}/acknowledge/", {}),
+        "agent_triage_save": (
+            f"/w/{ws}/agents/{agent}/triage/",
+            {"language": "en", "weight_loop": "0.9", "review_budget_per_day": "0"},
+        ),
+        "agent_alert_rule_create": (
+            f"/w/{ws}/agents/{agent}/alert-rules/",
+            {
+                "name": "Failure rate",
+                "signal": "error_status",
+                "threshold_percent": "5",
+                "window_minutes": "60",
+                "min_trajectories": "10",
+                "severity": "page",
+                "cooldown_minutes": "30",
+                "enabled": "on",
+            },
+        ),
+        "agent_alert_rule_edit": (
+            f"/w/{ws}/agents/{agent}/alert-rules/{tenant.rule.pk}/",
+            {
+                "name": "Loop rate",
+                "signal": "loop",
+                "threshold_percent": "3",
+                "window_minutes": "60",
+                "min_trajectories": "20",
+                "severity": "warning",
+                "cooldown_minutes": "60",
+            },
+        ),
+        "agent_alert_rule_delete": (f"/w/{ws}/agents/{agent}/alert-rules/{tenant.rule.pk}/delete/", {}),
     }
 
 
@@ -194,4 +267,11 @@ def db_state() -> dict[str, list[Any]]:
         "trajectories": list(Trajectory.objects.order_by("pk").values_list("pk", "trace_id", "status")),
         "scores": list(Score.objects.order_by("pk").values_list("pk", "name", "value", "string_value")),
         "replays": list(Replay.objects.order_by("pk").values_list("pk", "status")),
+        "triage_settings": list(TriageSettings.objects.order_by("pk").values_list("pk", "weights", "language")),
+        "review_samples": list(ReviewSample.objects.order_by("pk").values_list("pk", "strategy")),
+        "review_items": list(
+            ReviewItem.objects.order_by("pk").values_list("pk", "status", "informative", "failure_mode", "note")
+        ),
+        "alert_rules": list(AlertRule.objects.order_by("pk").values_list("pk", "name", "threshold", "enabled")),
+        "alerts": list(Alert.objects.order_by("pk").values_list("pk", "acknowledged_at")),
     }

@@ -33,6 +33,17 @@ PAGES = [
     "session_list",
     "session_detail",
     "replay_detail",
+    "review_list",
+    "review_informativeness",
+    "review_sample",
+    "review_item",
+    "alert_list",
+    "alert_list_open",
+    "agent_triage",
+    "agent_signals",
+    "agent_signals_daily",
+    "agent_alert_rules",
+    "agent_alert_rule_edit",
 ]
 POSTS = [
     "agent_create",
@@ -46,6 +57,13 @@ POSTS = [
     "apikey_revoke",
     "trajectory_score_create",
     "trajectory_replay_create",
+    "review_sample_create",
+    "review_item_decide",
+    "alert_acknowledge",
+    "agent_triage_save",
+    "agent_alert_rule_create",
+    "agent_alert_rule_edit",
+    "agent_alert_rule_delete",
 ]
 
 
@@ -58,6 +76,12 @@ ROUTE_OF = {
     "prompt_create": "agent_prompt_list",
     "apikey_create": "apikey_list",
     "trajectory_list_filtered": "trajectory_list",
+    "alert_list_open": "alert_list",
+    "agent_signals_daily": "agent_signals",
+    "review_sample_create": "review_list",
+    "review_item_decide": "review_item",
+    "agent_triage_save": "agent_triage",
+    "agent_alert_rule_create": "agent_alert_rules",
 }
 
 

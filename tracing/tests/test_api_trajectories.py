@@ -41,7 +41,9 @@ def test_the_list_filters_and_pages_with_a_cursor(traces, workspace, api_client_
     by_agent = client.get("/api/v1/trajectories", {"agent": "shopping"}).json()["items"]
     by_session = client.get("/api/v1/trajectories", {"session_id": "s-1"}).json()["items"]
     first = client.get("/api/v1/trajectories", {"limit": 2, "order": "started_at"}).json()
-    second = client.get("/api/v1/trajectories", {"limit": 2, "order": "started_at", "cursor": first["next_cursor"]}).json()
+    second = client.get(
+        "/api/v1/trajectories", {"limit": 2, "order": "started_at", "cursor": first["next_cursor"]}
+    ).json()
 
     assert [item["trace_id"] for item in errors] == [traces["b"]]
     assert [item["trace_id"] for item in by_agent] == [traces["c"]]
@@ -67,7 +69,13 @@ def test_the_detail_lists_each_calls_new_inputs_unless_asked_for_all(traces, wor
     compact = client.get(f"/api/v1/trajectories/{traces['a']}").json()
     full = client.get(f"/api/v1/trajectories/{traces['a']}", {"include_inputs": "true"}).json()
 
-    assert [step["kind"] for step in compact["step_details"]] == ["agent", "message", "llm_call", "tool_call", "llm_call"]
+    assert [step["kind"] for step in compact["step_details"]] == [
+        "agent",
+        "message",
+        "llm_call",
+        "tool_call",
+        "llm_call",
+    ]
     calls = [step for step in compact["step_details"] if step["kind"] == "llm_call"]
     full_calls = [step for step in full["step_details"] if step["kind"] == "llm_call"]
     assert [call["input_message_count"] for call in calls] == [1, 1]
@@ -76,7 +84,11 @@ def test_the_detail_lists_each_calls_new_inputs_unless_asked_for_all(traces, wor
     assert calls[1]["input_messages"] == []  # the same history again: nothing new to show
     assert compact["conversation"][0] == {"role": "user", "content": "I was charged twice for a cancelled ride"}
     (tool,) = compact["tool_calls_detail"]
-    assert (tool["name"], tool["arguments"], tool["result"]) == ("lookup_trip", {"trip_id": "T-1"}, {"status": "cancelled"})
+    assert (tool["name"], tool["arguments"], tool["result"]) == (
+        "lookup_trip",
+        {"trip_id": "T-1"},
+        {"status": "cancelled"},
+    )
 
 
 def test_scores_are_added_and_bad_ones_refused(traces, workspace, api_client_for):
@@ -117,9 +129,14 @@ def test_another_workspace_sees_nothing(traces, other_workspace, api_client_for)
 
     assert client.get("/api/v1/trajectories").json()["items"] == []
     assert client.get(f"/api/v1/trajectories/{traces['a']}").status_code == 404
-    assert client.post(
-        f"/api/v1/trajectories/{traces['a']}/scores", data={"name": "x", "value": 1}, content_type="application/json"
-    ).status_code == 404
+    assert (
+        client.post(
+            f"/api/v1/trajectories/{traces['a']}/scores",
+            data={"name": "x", "value": 1},
+            content_type="application/json",
+        ).status_code
+        == 404
+    )
     assert client.get("/api/v1/sessions").json() == []
     assert Score.objects.count() == 0
 

@@ -327,3 +327,63 @@
     });
   });
 })();
+
+// --- Review queue: one key per decision (documented on the page) ----------------------------------------
+(function () {
+  "use strict";
+
+  function reviewForm() { return document.querySelector("[data-review-form]"); }
+
+  function choose(form, value) {
+    var radio = form.querySelector('input[name="decision"][value="' + value + '"]');
+    if (radio) { radio.checked = true; }
+  }
+
+  document.addEventListener("keydown", function (event) {
+    var form = reviewForm();
+    if (!form || event.altKey || event.metaKey) { return; }
+    var target = event.target;
+    var typing = target.closest && target.closest("input[type=text], input[type=search], textarea, select, [contenteditable]");
+    if (typing) {
+      // Ctrl+Enter in the note saves; every other key types.
+      if (event.ctrlKey && event.key === "Enter" && target.closest("[data-review-form]")) {
+        event.preventDefault();
+        form.requestSubmit();
+      }
+      return;
+    }
+    if (event.ctrlKey) { return; }
+    var key = event.key;
+    var save = form.querySelector("[data-review-save]");
+    if (key === "y" || key === "n") {
+      choose(form, key === "y" ? "informative" : "not_informative");
+    } else if (key === "s") {
+      choose(form, "skip");
+      event.preventDefault();
+      form.requestSubmit();
+      return;
+    } else if (/^[0-9]$/.test(key)) {
+      var select = form.querySelector('select[name="failure_mode"]');
+      if (key === "0") {
+        select.value = "";
+      } else {
+        var option = select.querySelector('option[data-key="' + key + '"]');
+        if (!option) { return; }
+        select.value = option.value;
+      }
+    } else if (key === "c") {
+      var note = form.querySelector('textarea[name="note"]');
+      if (note) { event.preventDefault(); note.focus(); }
+      return;
+    } else if (key === "Enter" && !(target.matches && target.matches("[data-step], a, button, summary"))) {
+      event.preventDefault();
+      form.requestSubmit();
+      return;
+    } else {
+      return;
+    }
+    // After a choice, the save button has the focus: Enter saves and moves on.
+    event.preventDefault();
+    if (save) { save.focus({ preventScroll: true }); }
+  });
+})();
