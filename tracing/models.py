@@ -130,10 +130,19 @@ class Trajectory(models.Model):
 
 
 class Span(models.Model):
-    """One OpenTelemetry span in Keel's normalized form (tracing.otlp.Span). Append-only."""
+    """One OpenTelemetry span in Keel's normalized form (tracing.otlp.Span). Append-only.
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
-    trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="spans")
+    The hottest table: every index costs on every insert, so there is one besides the primary key,
+    (workspace, trace_id, span_id), and every read goes through it. The foreign keys carry no index
+    and the trajectory and prompt-version keys no constraint either (a constraint needs an index on
+    this side to check deletes): spans leave with their trajectory, explicitly, in
+    tracing.services (retention), by (workspace, trace_id).
+    """
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+", db_index=False)
+    trajectory = models.ForeignKey(
+        Trajectory, on_delete=models.DO_NOTHING, related_name="+", db_index=False, db_constraint=False
+    )
     trace_id = models.CharField(max_length=32)
     span_id = models.CharField(max_length=16)
     parent_span_id = models.CharField(max_length=16, blank=True)
@@ -150,7 +159,9 @@ class Span(models.Model):
     output_tokens = models.IntegerField(null=True)
     total_tokens = models.IntegerField(null=True)
     cost_usd = models.DecimalField(max_digits=16, decimal_places=8, null=True)
-    prompt_version = models.ForeignKey(PromptVersion, null=True, on_delete=models.SET_NULL, related_name="+")
+    prompt_version = models.ForeignKey(
+        PromptVersion, null=True, on_delete=models.DO_NOTHING, related_name="+", db_index=False, db_constraint=False
+    )
     # Everything else of the normalized span (input, output, tool call, events, attributes, ...) as JSON
     # text: read and written whole, never queried inside, so text skips jsonb's parse on every insert.
     data = models.TextField()

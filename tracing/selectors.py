@@ -191,7 +191,8 @@ _SPAN_FIELDS = (
 
 def trajectory_spans(*, trajectory: Trajectory) -> list[otlp.Span]:
     spans = []
-    for row in Span.objects.filter(trajectory=trajectory).values(*_SPAN_FIELDS, "data"):
+    spans_of_trace = Span.objects.filter(workspace_id=trajectory.workspace_id, trace_id=trajectory.trace_id)
+    for row in spans_of_trace.values(*_SPAN_FIELDS, "data"):
         data = row.pop("data")
         spans.append(span_from_record(row, orjson.loads(data)))
     return spans
@@ -336,9 +337,14 @@ def trajectory_stats(*, workspace: Workspace, since: datetime, agent_ids: AgentI
 def trajectory_views(*, trajectories: Collection[Trajectory]) -> dict[int, TrajectoryView]:
     """The views of several trajectories (already scoped to the caller) from one read of their spans."""
     by_trajectory: dict[int, list[otlp.Span]] = {trajectory.pk: [] for trajectory in trajectories}
-    rows = Span.objects.filter(trajectory_id__in=list(by_trajectory)).values("trajectory_id", *_SPAN_FIELDS, "data")
+    by_trace = {(trajectory.workspace_id, trajectory.trace_id): trajectory.pk for trajectory in trajectories}
+    matching = Q()
+    for workspace_id in {workspace_id for workspace_id, _ in by_trace}:
+        traces = [trace_id for (ws, trace_id) in by_trace if ws == workspace_id]
+        matching |= Q(workspace_id=workspace_id, trace_id__in=traces)
+    rows = Span.objects.filter(matching).values("workspace_id", *_SPAN_FIELDS, "data") if by_trace else []
     for row in rows:
-        trajectory_id = row.pop("trajectory_id")
+        trajectory_id = by_trace[(row.pop("workspace_id"), row["trace_id"])]
         data = row.pop("data")
         by_trajectory[trajectory_id].append(span_from_record(row, orjson.loads(data)))
     return {

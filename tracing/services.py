@@ -23,6 +23,7 @@ from decimal import Decimal
 from typing import Any
 
 import orjson
+import psycopg
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F, Q, Sum
@@ -101,21 +102,26 @@ def _backlog_check(incoming: int) -> None:
 
 def _batch_store(
     *, api_key: ApiKey, source: str, content_type: str, content_encoding: str, body: bytes, span_count: int
-) -> IngestBatch:
+) -> int:
+    """Store a request body as a pending batch; returns its id. The worker is told once it is committed."""
     from tracing import tasks  # tasks import services; import the module here, as STYLE.md says
 
     with transaction.atomic():
-        batch = IngestBatch.objects.create(
-            workspace_id=api_key.workspace_id,
-            api_key=api_key,
-            source=source,
-            content_type=content_type,
-            content_encoding=content_encoding,
-            body=body,
-            span_count=span_count,
-        )
-        transaction.on_commit(lambda: tasks.span_batch_process.delay(batch.pk))
-    return batch
+        connection.ensure_connection()
+        # A server-side-binding psycopg cursor sends the body as a binary parameter; Django's cursors
+        # bind on the client and would spell a megabyte of protobuf out as hex for PostgreSQL to parse.
+        with psycopg.Cursor(connection.connection) as cursor:
+            cursor.execute(
+                "INSERT INTO tracing_ingestbatch (workspace_id, api_key_id, source, content_type, content_encoding,"
+                " body, span_count, status, attempts, error) VALUES (%s, %s, %s, %s, %s, %b, %s, 'pending', 0, '')"
+                " RETURNING id",
+                [api_key.workspace_id, api_key.pk, source, content_type, content_encoding, body, span_count],
+            )
+            row = cursor.fetchone()
+        assert row is not None
+        batch_id: int = row[0]
+        transaction.on_commit(lambda: tasks.span_batch_process.delay(batch_id))
+    return batch_id
 
 
 def ingest_otlp_accept(*, api_key: ApiKey, body: bytes, content_type: str, content_encoding: str) -> IngestAccepted:
@@ -139,7 +145,7 @@ def ingest_otlp_accept(*, api_key: ApiKey, body: bytes, content_type: str, conte
     if not accepted:
         return IngestAccepted(None, 0, summary.rejected_spans, summary.error_message)
     _backlog_check(accepted)
-    batch = _batch_store(
+    batch_id = _batch_store(
         api_key=api_key,
         source=BatchSource.OTLP,
         content_type=content_type,
@@ -147,7 +153,7 @@ def ingest_otlp_accept(*, api_key: ApiKey, body: bytes, content_type: str, conte
         body=body,
         span_count=accepted,
     )
-    return IngestAccepted(batch.pk, accepted, summary.rejected_spans, summary.error_message)
+    return IngestAccepted(batch_id, accepted, summary.rejected_spans, summary.error_message)
 
 
 def ingest_trajectories_accept(*, api_key: ApiKey, payload: Any) -> tuple[IngestAccepted, list[str]]:
@@ -166,7 +172,7 @@ def ingest_trajectories_accept(*, api_key: ApiKey, payload: Any) -> tuple[Ingest
     trace_ids = list(dict.fromkeys(span.trace_id for span in spans))
     _backlog_check(len(spans))
     body = orjson.dumps([document.model_dump(mode="json") for document in documents])
-    batch = _batch_store(
+    batch_id = _batch_store(
         api_key=api_key,
         source=BatchSource.JSON,
         content_type="application/json",
@@ -174,7 +180,7 @@ def ingest_trajectories_accept(*, api_key: ApiKey, payload: Any) -> tuple[Ingest
         body=body,
         span_count=len(spans),
     )
-    return IngestAccepted(batch.pk, len(spans), 0, ""), trace_ids
+    return IngestAccepted(batch_id, len(spans), 0, ""), trace_ids
 
 
 # --- Processing batches ----------------------------------------------------------------------------
@@ -187,11 +193,20 @@ def _batch_claim(batch_id: int) -> IngestBatch | None:
     ).update(status=BatchStatus.PROCESSING, claimed_at=timezone.now(), attempts=F("attempts") + 1)
     if not claimed:
         return None
-    return IngestBatch.objects.select_related("workspace", "api_key").get(pk=batch_id)
+    return IngestBatch.objects.select_related("workspace", "api_key").defer("body").get(pk=batch_id)
+
+
+def _batch_body(batch_id: int) -> bytes:
+    # Binary results: Django's text protocol would bring the body back as hex to decode.
+    with psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute("SELECT body FROM tracing_ingestbatch WHERE id = %s", [batch_id], binary=True)
+        row = cursor.fetchone()
+    assert row is not None
+    return bytes(row[0])
 
 
 def _batch_spans(batch: IngestBatch) -> list[otlp.Span]:
-    body = bytes(batch.body)
+    body = _batch_body(batch.pk)
     if batch.source == BatchSource.JSON:
         documents = trajectory_json.documents_parse(orjson.loads(body))
         return [span for document in documents for span in trajectory_json.document_spans(document)]
@@ -749,7 +764,12 @@ def score_create(
             numeric_value = float(value)
     elif data_type in (ScoreDataType.CATEGORICAL, ScoreDataType.CORRECTION) and not string_value:
         problems.append({"field": "string_value", "message": f"a {data_type} score needs string_value"})
-    if span_id and not trajectory.spans.filter(span_id=span_id).exists():
+    if (
+        span_id
+        and not Span.objects.filter(
+            workspace_id=trajectory.workspace_id, trace_id=trajectory.trace_id, span_id=span_id
+        ).exists()
+    ):
         problems.append({"field": "span_id", "message": "no such step in this trajectory"})
     if problems:
         raise exceptions.ScoreInvalid(
@@ -815,13 +835,14 @@ def trajectory_retention_apply(*, agent: Agent, days: int, batch_size: int = 100
     cutoff = timezone.now() - timedelta(days=days)
     deleted = 0
     while True:
-        ids = list(
-            Trajectory.objects.filter(agent=agent, ended_at__lt=cutoff).values_list("pk", flat=True)[:batch_size]
+        rows = list(
+            Trajectory.objects.filter(agent=agent, ended_at__lt=cutoff).values_list("pk", "trace_id")[:batch_size]
         )
-        if not ids:
+        if not rows:
             return deleted
+        ids = [pk for pk, _ in rows]
         with transaction.atomic():
-            Span.objects.filter(trajectory_id__in=ids).delete()
+            Span.objects.filter(workspace_id=agent.workspace_id, trace_id__in=[trace for _, trace in rows]).delete()
             Trajectory.objects.filter(pk__in=ids).delete()
         deleted += len(ids)
 
