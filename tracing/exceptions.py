@@ -5,6 +5,7 @@ from config.errors import (
     KeelError,
     NotFound,
     PayloadTooLarge,
+    Throttled,
     Unavailable,
     UnsupportedMediaType,
     ValidationFailed,
@@ -23,8 +24,9 @@ class IngestPayloadTooLarge(PayloadTooLarge):
     code = "payload_too_large"
 
 
-class IngestBacklogFull(Unavailable):
-    """More is waiting to be processed than Keel accepts; the client should retry after a pause."""
+class IngestBacklogFull(Throttled):
+    """More is waiting to be processed than Keel accepts; the client should retry after a pause (OTLP
+    exporters retry 429 with Retry-After)."""
 
     code = "ingest_backlog_full"
 

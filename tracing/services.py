@@ -26,7 +26,7 @@ import orjson
 import psycopg
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Q, Sum
+from django.db.models import F, Min, Q, Sum
 from django.utils import timezone
 from django.utils.text import slugify
 
@@ -64,22 +64,31 @@ class IngestAccepted:
     error_message: str
 
 
+@dataclass(frozen=True, slots=True)
+class BacklogState:
+    spans: int
+    oldest_age_seconds: float
+
+
 class _Backlog:
-    """Spans waiting in unfinished batches, read at most once a second per process."""
+    """What waits in unfinished batches (spans, and how long the oldest has waited), read at most once a
+    second per process: one small query on a partial index, not one per request."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._value = 0
+        self._value = BacklogState(0, 0.0)
         self._read_at = 0.0
 
-    def spans(self) -> int:
+    def state(self) -> BacklogState:
         now = time.monotonic()
         with self._lock:
             if now - self._read_at >= 1.0:
-                total = IngestBatch.objects.filter(status__in=(BatchStatus.PENDING, BatchStatus.PROCESSING)).aggregate(
-                    total=Sum("span_count")
-                )["total"]
-                self._value, self._read_at = int(total or 0), now
+                row = IngestBatch.objects.filter(status__in=(BatchStatus.PENDING, BatchStatus.PROCESSING)).aggregate(
+                    total=Sum("span_count"), oldest=Min("received_at")
+                )
+                oldest = row["oldest"]
+                age = (timezone.now() - oldest).total_seconds() if oldest is not None else 0.0
+                self._value, self._read_at = BacklogState(int(row["total"] or 0), max(0.0, age)), now
             return self._value
 
     def reset(self) -> None:
@@ -91,13 +100,19 @@ backlog = _Backlog()
 
 
 def _backlog_check(incoming: int) -> None:
+    """Refuse (429 with Retry-After) rather than queue what the workers cannot store soon: past a number
+    of waiting spans, or once the oldest waiting batch has waited longer than the queue may hold work.
+    The second bound is what keeps time-to-queryable short under overload."""
+    waiting = backlog.state()
     limit: int = settings.KEEL_INGEST_BACKLOG_SPANS
-    waiting = backlog.spans()
-    if waiting + incoming > limit:
-        raise exceptions.IngestBacklogFull(
-            f"{waiting} spans are waiting to be processed (limit {limit}); retry shortly",
-            retry_after=settings.KEEL_INGEST_RETRY_AFTER_SECONDS,
-        )
+    max_age: float = settings.KEEL_INGEST_MAX_QUEUE_SECONDS
+    if waiting.spans + incoming > limit:
+        reason = f"{waiting.spans} spans are waiting to be processed (limit {limit})"
+    elif waiting.oldest_age_seconds > max_age:
+        reason = f"the oldest waiting batch has waited {waiting.oldest_age_seconds:.1f} s (limit {max_age:g} s)"
+    else:
+        return
+    raise exceptions.IngestBacklogFull(f"{reason}; retry shortly", retry_after=settings.KEEL_INGEST_RETRY_AFTER_SECONDS)
 
 
 def _batch_store(

@@ -113,7 +113,7 @@ def test_a_gzip_bomb_gets_413(ingest_client, settings):
     assert IngestBatch.objects.count() == 0
 
 
-def test_a_full_backlog_answers_503_with_retry_after_and_stores_nothing(otel, ingest_client, settings):
+def test_a_full_backlog_answers_429_with_retry_after_and_stores_nothing(otel, ingest_client, settings):
     settings.KEEL_INGEST_BACKLOG_SPANS = 5
     refund_conversation(otel.tracer())
     assert ingest_client.post("/v1/traces", otel.protobuf(), content_type=PROTOBUF).status_code == 200
@@ -121,10 +121,32 @@ def test_a_full_backlog_answers_503_with_retry_after_and_stores_nothing(otel, in
 
     response = ingest_client.post("/v1/traces", otel.protobuf(), content_type=PROTOBUF)
 
-    assert response.status_code == 503
-    assert response["Retry-After"] == "5"
+    assert response.status_code == 429
+    assert response["Retry-After"] == "1"
     assert response.json()["code"] == "ingest_backlog_full"
+    assert "4 spans are waiting" in response.json()["detail"]
     assert IngestBatch.objects.count() == 1
+
+
+def test_a_batch_waiting_too_long_answers_429_until_the_workers_catch_up(otel, ingest_client, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    settings.KEEL_INGEST_MAX_QUEUE_SECONDS = 2
+    refund_conversation(otel.tracer())
+    assert ingest_client.post("/v1/traces", otel.protobuf(), content_type=PROTOBUF).status_code == 200
+    IngestBatch.objects.update(received_at=timezone.now() - timedelta(seconds=5))
+    services.backlog.reset()
+
+    refused = ingest_client.post("/v1/traces", otel.protobuf(), content_type=PROTOBUF)
+
+    assert refused.status_code == 429
+    assert "oldest waiting batch has waited" in refused.json()["detail"]
+    assert IngestBatch.objects.count() == 1
+    services.span_batch_process(batch_id=IngestBatch.objects.get().pk)
+    services.backlog.reset()
+    assert ingest_client.post("/v1/traces", otel.protobuf(), content_type=PROTOBUF).status_code == 200
 
 
 def test_without_a_key_or_with_a_key_lacking_the_ingest_scope_nothing_is_stored(otel, workspace):
