@@ -21,7 +21,6 @@ from agent_registry.schemas import ErrorOut
 from tracing import replay, selectors, services
 from tracing.exceptions import TrajectoryListInvalid
 from tracing.models import Replay, Score, Trajectory
-from tracing.steps import TrajectoryView
 
 router = Router(tags=["tracing"])
 
@@ -202,45 +201,14 @@ def _trajectory_out(trajectory: Trajectory) -> dict[str, Any]:
     }
 
 
-def _plain(value: Any) -> Any:
-    """Dataclasses (steps, tool calls) as JSON-ready values; orjson does the walk in C."""
-    return orjson.loads(orjson.dumps(value, default=str))
-
-
-def _step_details(view: TrajectoryView, include_inputs: bool) -> list[dict[str, Any]]:
-    """The steps, each LLM call with only the input messages it added to what the previous call saw
-    (`input_messages`, plus `input_message_count` for the whole input) unless `include_inputs`: every
-    call repeats the history, so full inputs grow with the square of the trajectory's length."""
-    details = []
-    previous: tuple[dict[str, Any], ...] = ()
-    previous_output: dict[str, Any] | None = None
-    for step in view.steps:
-        inputs = step.input_messages
-        if step.kind != "llm_call" or inputs is None:
-            details.append(_plain(step))
-            continue
-        shown = inputs
-        if not include_inputs:
-            known = len(previous)
-            shown = inputs[known:] if inputs[:known] == previous else inputs
-            # The previous call's answer opens this call's new input; it is shown with that call.
-            if shown and previous_output is not None and shown[0] == previous_output:
-                shown = shown[1:]
-        detail = _plain(dataclasses.replace(step, input_messages=shown))
-        detail["input_message_count"] = len(inputs)
-        details.append(detail)
-        previous, previous_output = inputs, step.output_message
-    return details
-
-
-def _detail_out(trajectory: Trajectory, view: TrajectoryView, include_inputs: bool) -> dict[str, Any]:
+def _detail_out(trajectory: Trajectory, document: dict[str, Any]) -> dict[str, Any]:
     return {
         **_trajectory_out(trajectory),
         "prompt_versions": selectors.trajectory_prompt_versions(trajectory=trajectory),
-        "step_details": _step_details(view, include_inputs),
-        "conversation": _plain(view.conversation),
-        "tool_calls_detail": _plain(view.tool_calls),
-        "tool_definitions": _plain(view.tool_definitions),
+        "step_details": document["steps"],
+        "conversation": document["conversation"],
+        "tool_calls_detail": document["tool_calls"],
+        "tool_definitions": document["tool_definitions"],
         "metadata": trajectory.metadata,
         "task_id": trajectory.task_id,
         "reward": trajectory.reward,
@@ -317,7 +285,7 @@ def trajectory_get_api(request: HttpRequest, trace_id: str, include_inputs: bool
     trajectory = selectors.trajectory_get(
         workspace=request_workspace(request), trace_id=trace_id, agent_ids=request_agent_ids(request)
     )
-    body = _detail_out(trajectory, selectors.trajectory_view(trajectory=trajectory), include_inputs)
+    body = _detail_out(trajectory, selectors.trajectory_view_document(trajectory=trajectory, full=include_inputs))
     # Serialized here with orjson: the schema above documents the shape, and validating a body of
     # thousands of nested messages through pydantic again would cost more than building it.
     return HttpResponse(orjson.dumps(body, default=str), content_type="application/json")

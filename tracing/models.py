@@ -101,6 +101,9 @@ class Trajectory(models.Model):
     input_preview = models.TextField(blank=True)
     output_preview = models.TextField(blank=True)
     metadata = models.JSONField(default=dict, blank=True)
+    # The assembled view (tracing.steps.view_document) as JSON text, rebuilt whenever spans arrive, so
+    # reading a long trajectory costs one row instead of re-reading and re-mapping all of its spans.
+    view_document = models.TextField(blank=True)
     # Triage (tracing.signals): the instances found, their names for filtering, the combined score.
     signals = models.JSONField(default=list, blank=True)
     signal_names = ArrayField(models.CharField(max_length=40), default=list, blank=True)

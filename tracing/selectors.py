@@ -27,7 +27,7 @@ from tracing.models import (
 )
 from tracing.records import span_from_record
 from tracing.replay_diff import ReplayDiff, replay_diff
-from tracing.steps import TrajectoryView, trajectory_view_build
+from tracing.steps import TrajectoryView, trajectory_view_build, view_document
 
 AgentIds = Collection[int] | None
 
@@ -201,6 +201,15 @@ def trajectory_spans(*, trajectory: Trajectory) -> list[otlp.Span]:
 def trajectory_view(*, trajectory: Trajectory) -> TrajectoryView:
     """The trajectory's steps, conversation and totals, assembled from its stored spans."""
     return trajectory_view_build(trajectory_spans(trajectory=trajectory), trace_id=trajectory.trace_id)
+
+
+def trajectory_view_document(*, trajectory: Trajectory, full: bool = False) -> dict[str, Any]:
+    """The trajectory's steps as the API shows them: stored with the trajectory when its spans were
+    written, or built from the spans when asked for every call's full input (or not stored yet)."""
+    if trajectory.view_document and not full:
+        document: dict[str, Any] = orjson.loads(trajectory.view_document)
+        return document
+    return view_document(trajectory_view(trajectory=trajectory), full_inputs=full)
 
 
 def trajectory_prompt_versions(*, trajectory: Trajectory) -> list[dict[str, Any]]:

@@ -46,7 +46,7 @@ from tracing.models import (
     Trajectory,
 )
 from tracing.records import json_dumps, span_from_record, span_record
-from tracing.steps import TrajectoryView, trajectory_view_build
+from tracing.steps import TrajectoryView, trajectory_view_build, view_document
 
 logger = logging.getLogger("tracing.services")
 
@@ -521,9 +521,9 @@ def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence
                 workspace_id, trace_id, name, status, started_at, ended_at, latency_ms, span_count, step_count,
                 llm_call_count, tool_call_count, error_count, input_tokens, output_tokens, total_tokens,
                 cost_usd, session_id, user_id, tags, task_id, input_preview, output_preview, metadata,
-                signals, signal_names, triage_score, signal_errors, created_at, updated_at)
+                signals, signal_names, triage_score, signal_errors, view_document, created_at, updated_at)
             SELECT %s, t.trace_id, '', 'running', t.started_at, t.started_at, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                   '', '', '{}', '', '', '', '{}', '[]', '{}', 0, '[]', %s, %s
+                   '', '', '{}', '', '', '', '{}', '[]', '{}', 0, '[]', '', %s, %s
             FROM unnest(%s::text[], %s::timestamptz[]) AS t(trace_id, started_at)
             ON CONFLICT (workspace_id, trace_id) DO NOTHING
             """,
@@ -643,6 +643,7 @@ _TRAJECTORY_UPDATE_COLUMNS = (
     ("signal_names", "text"),
     ("triage_score", "double precision"),
     ("signal_errors", "text"),
+    ("view_document", "text"),
     ("updated_at", "timestamptz"),
 )
 
@@ -717,6 +718,7 @@ def _trajectory_values(
         json_dumps(triage["signal_names"]),
         triage["triage_score"],
         json_dumps(triage["signal_errors"]),
+        orjson.dumps(view_document(view), default=str).decode(),
         now,
     )
 
@@ -872,18 +874,23 @@ def trajectory_retention_sweep() -> dict[int, int]:
 
 
 def trajectory_signals_recompute(*, trajectory_ids: Sequence[int]) -> int:
-    """Recompute the signals of these trajectories from their stored spans (after the detectors or the
-    weights changed); returns how many were updated."""
+    """Recompute the signals (and the stored view) of these trajectories from their spans, after the
+    detectors, the weights or the step assembly changed; returns how many were updated."""
     from tracing import selectors
 
     updated = 0
     configs: dict[int | None, signals.SignalConfig | None] = {}
-    for trajectory in Trajectory.objects.filter(pk__in=trajectory_ids).only("pk", "trace_id", "agent_id"):
+    for trajectory in Trajectory.objects.filter(pk__in=trajectory_ids).only(
+        "pk", "trace_id", "agent_id", "workspace_id"
+    ):
         if trajectory.agent_id not in configs:
             configs[trajectory.agent_id] = (
                 signal_config_for_agent(trajectory.agent_id) if trajectory.agent_id is not None else None
             )
-        report = signals.signals_compute(selectors.trajectory_view(trajectory=trajectory), configs[trajectory.agent_id])
-        Trajectory.objects.filter(pk=trajectory.pk).update(**signal_report_json(report))
+        view = selectors.trajectory_view(trajectory=trajectory)
+        report = signals.signals_compute(view, configs[trajectory.agent_id])
+        Trajectory.objects.filter(pk=trajectory.pk).update(
+            **signal_report_json(report), view_document=orjson.dumps(view_document(view), default=str).decode()
+        )
         updated += 1
     return updated

@@ -25,9 +25,11 @@ import json
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Final, Literal
+
+import orjson
 
 from tracing.otlp import Span, SpanStatus, SpanType, Usage
 
@@ -748,3 +750,45 @@ def trajectory_view_build(spans: Iterable[Span], *, trace_id: str | None = None)
         task_id=_first_value(reading, "task_id"),
         reward=_first_value(reading, "reward"),
     )
+
+
+# --- As a document ---------------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    """Dataclasses (steps, tool calls) as JSON-ready values; orjson does the walk in C."""
+    return orjson.loads(orjson.dumps(value, default=str))
+
+
+def view_document(view: TrajectoryView, *, full_inputs: bool = False) -> dict[str, Any]:
+    """The view as JSON-ready data: what the API returns and what Keel stores with each trajectory.
+
+    Each LLM call lists only the input messages it added to what the previous call saw (with
+    `input_message_count` for its whole input) unless `full_inputs`: every call repeats the history,
+    so full inputs grow with the square of the trajectory's length.
+    """
+    steps = []
+    previous: tuple[dict[str, Any], ...] = ()
+    previous_output: dict[str, Any] | None = None
+    for step in view.steps:
+        inputs = step.input_messages
+        if step.kind != "llm_call" or inputs is None:
+            steps.append(_plain(step))
+            continue
+        shown = inputs
+        if not full_inputs:
+            known = len(previous)
+            shown = inputs[known:] if inputs[:known] == previous else inputs
+            # The previous call's answer opens this call's new input; it is shown with that call.
+            if shown and previous_output is not None and shown[0] == previous_output:
+                shown = shown[1:]
+        detail = _plain(replace(step, input_messages=shown))
+        detail["input_message_count"] = len(inputs)
+        steps.append(detail)
+        previous, previous_output = inputs, step.output_message
+    return {
+        "steps": steps,
+        "conversation": _plain(view.conversation),
+        "tool_calls": _plain(view.tool_calls),
+        "tool_definitions": _plain(view.tool_definitions),
+    }

@@ -153,3 +153,16 @@ def test_a_key_limited_to_one_agent_sees_only_its_trajectories(traces, workspace
     assert [item["trace_id"] for item in items] == [traces["c"]]
     assert client.get(f"/api/v1/trajectories/{traces['a']}").status_code == 404
     assert Trajectory.objects.count() == 3
+
+
+def test_the_stored_view_is_the_view_of_the_stored_spans(traces, workspace):
+    import orjson
+
+    from tracing import selectors
+    from tracing.steps import view_document
+
+    for trace_id in traces.values():
+        trajectory = Trajectory.objects.get(workspace=workspace, trace_id=trace_id)
+        assert trajectory.view_document  # written when the spans were
+        rebuilt = view_document(selectors.trajectory_view(trajectory=trajectory))
+        assert orjson.loads(trajectory.view_document) == orjson.loads(orjson.dumps(rebuilt))
