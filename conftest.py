@@ -54,3 +54,22 @@ def api_client_for():
         return Client(headers={"Authorization": f"Bearer {raw_key}"})
 
     return make
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    """Tests that commit (transactional ones, and everything on `live_server`: browser tests, the
+    examples, real Celery workers) truncate every table when they end, migration data included. Run
+    them after the tests that roll back, so that those still see what migrations wrote (beat schedules).
+    pytest-django orders by the django_db marker only and misses `live_server`."""
+
+    def commits(item):
+        marker = item.get_closest_marker("django_db")
+        transactional = bool(marker and (marker.kwargs.get("transaction") or (marker.args and marker.args[0])))
+        return (
+            transactional
+            or "live_server" in getattr(item, "fixturenames", ())
+            or "transactional_db" in getattr(item, "fixturenames", ())
+        )
+
+    items[:] = sorted(items, key=commits)  # stable: each group keeps its order
