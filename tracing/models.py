@@ -57,6 +57,8 @@ class IngestBatch(models.Model):
                 name="ingestbatch_unfinished",
                 condition=Q(status__in=["pending", "processing"]),
             ),
+            # Back-pressure reads what the workers stored in the last seconds.
+            models.Index(fields=["processed_at"], name="ingestbatch_done", condition=Q(status="done")),
         ]
         constraints: ClassVar = [
             models.CheckConstraint(condition=Q(status__in=BatchStatus.values), name="ingestbatch_status_valid"),

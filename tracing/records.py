@@ -46,6 +46,27 @@ _DATA_FIELDS: Final = (
 )
 
 
+# The columns of a stored span that `span_from_record` reads (with `data`), in SpanRecord's order.
+RECORD_COLUMNS: Final = (
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "name",
+    "kind",
+    "span_type",
+    "status",
+    "status_message",
+    "start_time_ns",
+    "end_time_ns",
+    "model",
+    "tool_name",
+    "input_tokens",
+    "output_tokens",
+    "total_tokens",
+    "cost_usd",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class SpanRecord:
     """The columns of a `tracing.Span` row, and `data` as JSON text ready for COPY."""

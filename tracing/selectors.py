@@ -25,7 +25,7 @@ from tracing.models import (
     Trajectory,
     TrajectoryStatus,
 )
-from tracing.records import span_from_record
+from tracing.records import RECORD_COLUMNS, span_from_record
 from tracing.replay_diff import ReplayDiff, replay_diff
 from tracing.steps import TrajectoryView, trajectory_view_build, view_document
 
@@ -169,33 +169,20 @@ def trajectory_get(*, workspace: Workspace, trace_id: str, agent_ids: AgentIds =
     return trajectory
 
 
-_SPAN_FIELDS = (
-    "trace_id",
-    "span_id",
-    "parent_span_id",
-    "name",
-    "kind",
-    "span_type",
-    "status",
-    "status_message",
-    "start_time_ns",
-    "end_time_ns",
-    "model",
-    "tool_name",
-    "input_tokens",
-    "output_tokens",
-    "total_tokens",
-    "cost_usd",
-)
+def trace_spans(*, workspace_id: int, trace_ids: Collection[str]) -> dict[str, list[otlp.Span]]:
+    """The stored spans of these traces, rebuilt as normalized spans, by trace id (one query)."""
+    found: dict[str, list[otlp.Span]] = {trace_id: [] for trace_id in trace_ids}
+    if not found:
+        return found
+    rows = Span.objects.filter(workspace_id=workspace_id, trace_id__in=list(found)).values_list(*RECORD_COLUMNS, "data")
+    for *columns, data in rows:
+        span = span_from_record(dict(zip(RECORD_COLUMNS, columns, strict=True)), orjson.loads(data))
+        found[span.trace_id].append(span)
+    return found
 
 
 def trajectory_spans(*, trajectory: Trajectory) -> list[otlp.Span]:
-    spans = []
-    spans_of_trace = Span.objects.filter(workspace_id=trajectory.workspace_id, trace_id=trajectory.trace_id)
-    for row in spans_of_trace.values(*_SPAN_FIELDS, "data"):
-        data = row.pop("data")
-        spans.append(span_from_record(row, orjson.loads(data)))
-    return spans
+    return trace_spans(workspace_id=trajectory.workspace_id, trace_ids=[trajectory.trace_id])[trajectory.trace_id]
 
 
 def trajectory_view(*, trajectory: Trajectory) -> TrajectoryView:
@@ -344,22 +331,14 @@ def trajectory_stats(*, workspace: Workspace, since: datetime, agent_ids: AgentI
 
 
 def trajectory_views(*, trajectories: Collection[Trajectory]) -> dict[int, TrajectoryView]:
-    """The views of several trajectories (already scoped to the caller) from one read of their spans."""
-    by_trajectory: dict[int, list[otlp.Span]] = {trajectory.pk: [] for trajectory in trajectories}
-    by_trace = {(trajectory.workspace_id, trajectory.trace_id): trajectory.pk for trajectory in trajectories}
-    matching = Q()
-    for workspace_id in {workspace_id for workspace_id, _ in by_trace}:
-        traces = [trace_id for (ws, trace_id) in by_trace if ws == workspace_id]
-        matching |= Q(workspace_id=workspace_id, trace_id__in=traces)
-    rows = Span.objects.filter(matching).values("workspace_id", *_SPAN_FIELDS, "data") if by_trace else []
-    for row in rows:
-        trajectory_id = by_trace[(row.pop("workspace_id"), row["trace_id"])]
-        data = row.pop("data")
-        by_trajectory[trajectory_id].append(span_from_record(row, orjson.loads(data)))
-    return {
-        trajectory.pk: trajectory_view_build(by_trajectory[trajectory.pk], trace_id=trajectory.trace_id)
-        for trajectory in trajectories
-    }
+    """The views of several trajectories (already scoped to the caller) from one read per workspace."""
+    views: dict[int, TrajectoryView] = {}
+    for workspace_id in {trajectory.workspace_id for trajectory in trajectories}:
+        mine = [trajectory for trajectory in trajectories if trajectory.workspace_id == workspace_id]
+        spans = trace_spans(workspace_id=workspace_id, trace_ids=[trajectory.trace_id for trajectory in mine])
+        for trajectory in mine:
+            views[trajectory.pk] = trajectory_view_build(spans[trajectory.trace_id], trace_id=trajectory.trace_id)
+    return views
 
 
 def trajectory_score_list(*, trajectory: Trajectory) -> QuerySet[Score]:

@@ -33,7 +33,7 @@ from django.utils.text import slugify
 from agent_registry import services as registry_services
 from agent_registry.exceptions import AgentSlugTaken
 from agent_registry.models import Agent, AgentStatus, ApiKey, PromptVersion, User, Workspace
-from tracing import exceptions, langfuse_bridge, otlp, pricing, signals, trajectory_json
+from tracing import exceptions, langfuse_bridge, otlp, pricing, selectors, signals, trajectory_json
 from tracing.models import (
     BatchSource,
     BatchStatus,
@@ -45,7 +45,7 @@ from tracing.models import (
     Span,
     Trajectory,
 )
-from tracing.records import json_dumps, span_from_record, span_record
+from tracing.records import json_dumps, span_record
 from tracing.steps import TrajectoryView, trajectory_view_build, view_document
 
 logger = logging.getLogger("tracing.services")
@@ -66,30 +66,45 @@ class IngestAccepted:
 
 @dataclass(frozen=True, slots=True)
 class BacklogState:
-    spans: int
-    oldest_age_seconds: float
+    spans: int  # waiting in unfinished batches
+    oldest_age_seconds: float  # how long the oldest of them has waited
+    spans_per_second: float  # what the workers stored over the last CAPACITY_WINDOW_SECONDS
+
+
+CAPACITY_WINDOW_SECONDS = 10
 
 
 class _Backlog:
-    """What waits in unfinished batches (spans, and how long the oldest has waited), read at most once a
-    second per process: one small query on a partial index, not one per request."""
+    """The ingest queue's state, read at most once a second per process: two small queries on partial
+    indexes, not one per request."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._value = BacklogState(0, 0.0)
+        self._value = BacklogState(0, 0.0, 0.0)
         self._read_at = 0.0
 
     def state(self) -> BacklogState:
         now = time.monotonic()
         with self._lock:
             if now - self._read_at >= 1.0:
-                row = IngestBatch.objects.filter(status__in=(BatchStatus.PENDING, BatchStatus.PROCESSING)).aggregate(
-                    total=Sum("span_count"), oldest=Min("received_at")
-                )
-                oldest = row["oldest"]
-                age = (timezone.now() - oldest).total_seconds() if oldest is not None else 0.0
-                self._value, self._read_at = BacklogState(int(row["total"] or 0), max(0.0, age)), now
+                self._value, self._read_at = self._read(), now
             return self._value
+
+    def _read(self) -> BacklogState:
+        waiting = IngestBatch.objects.filter(status__in=(BatchStatus.PENDING, BatchStatus.PROCESSING)).aggregate(
+            total=Sum("span_count"), oldest=Min("received_at")
+        )
+        wall = timezone.now()
+        recent = wall - timedelta(seconds=CAPACITY_WINDOW_SECONDS)
+        stored = IngestBatch.objects.filter(status=BatchStatus.DONE, processed_at__gt=recent).aggregate(
+            total=Sum("span_count")
+        )["total"]
+        oldest = waiting["oldest"]
+        return BacklogState(
+            spans=int(waiting["total"] or 0),
+            oldest_age_seconds=max(0.0, (wall - oldest).total_seconds()) if oldest is not None else 0.0,
+            spans_per_second=int(stored or 0) / CAPACITY_WINDOW_SECONDS,
+        )
 
     def reset(self) -> None:
         with self._lock:
@@ -100,16 +115,21 @@ backlog = _Backlog()
 
 
 def _backlog_check(incoming: int) -> None:
-    """Refuse (429 with Retry-After) rather than queue what the workers cannot store soon: past a number
-    of waiting spans, or once the oldest waiting batch has waited longer than the queue may hold work.
-    The second bound is what keeps time-to-queryable short under overload."""
+    """Refuse (429 with Retry-After) rather than queue more than the workers can store within
+    KEEL_INGEST_MAX_QUEUE_SECONDS at the rate they have just shown: that bound, not a fixed count, is
+    what keeps time-to-queryable short under overload. A floor lets bursts into an idle system (whose
+    recent rate says nothing), and KEEL_INGEST_BACKLOG_SPANS caps everything."""
     waiting = backlog.state()
-    limit: int = settings.KEEL_INGEST_BACKLOG_SPANS
-    max_age: float = settings.KEEL_INGEST_MAX_QUEUE_SECONDS
+    max_seconds: float = settings.KEEL_INGEST_MAX_QUEUE_SECONDS
+    capacity = max(waiting.spans_per_second * max_seconds, float(settings.KEEL_INGEST_BACKLOG_FLOOR_SPANS))
+    limit = min(capacity, float(settings.KEEL_INGEST_BACKLOG_SPANS))
     if waiting.spans + incoming > limit:
-        reason = f"{waiting.spans} spans are waiting to be processed (limit {limit})"
-    elif waiting.oldest_age_seconds > max_age:
-        reason = f"the oldest waiting batch has waited {waiting.oldest_age_seconds:.1f} s (limit {max_age:g} s)"
+        reason = (
+            f"{waiting.spans} spans are waiting; the workers store about {waiting.spans_per_second:,.0f} spans/s, "
+            f"so Keel queues at most {limit:,.0f}"
+        )
+    elif waiting.oldest_age_seconds > max_seconds:
+        reason = f"the oldest waiting batch has waited {waiting.oldest_age_seconds:.1f} s (limit {max_seconds:g} s)"
     else:
         return
     raise exceptions.IngestBacklogFull(f"{reason}; retry shortly", retry_after=settings.KEEL_INGEST_RETRY_AFTER_SECONDS)
@@ -303,25 +323,6 @@ _SPAN_COLUMNS = (
     "data",
     "received_at",
 )
-_STORED_COLUMNS = (
-    "trace_id",
-    "span_id",
-    "parent_span_id",
-    "name",
-    "kind",
-    "span_type",
-    "status",
-    "status_message",
-    "start_time_ns",
-    "end_time_ns",
-    "model",
-    "tool_name",
-    "input_tokens",
-    "output_tokens",
-    "total_tokens",
-    "cost_usd",
-    "data",
-)
 
 
 def _price_overrides(workspace: Workspace) -> dict[str, pricing.ModelPrice]:
@@ -480,23 +481,6 @@ def _ns_datetime(ns: int) -> datetime:
     return datetime.fromtimestamp(ns / 1e9, tz=UTC)
 
 
-def _stored_spans(workspace_id: int, trace_ids: Sequence[str]) -> dict[str, list[otlp.Span]]:
-    if not trace_ids:
-        return {}
-    stored: dict[str, list[otlp.Span]] = defaultdict(list)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {', '.join(_STORED_COLUMNS)} FROM tracing_span WHERE workspace_id = %s AND trace_id = ANY(%s)",
-            [workspace_id, list(trace_ids)],
-        )
-        for row in cursor.fetchall():
-            columns = dict(zip(_STORED_COLUMNS, row, strict=True))
-            data = columns.pop("data")
-            span = span_from_record(columns, orjson.loads(data))
-            stored[span.trace_id].append(span)
-    return stored
-
-
 def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence[otlp.Span]) -> int:
     """Store the spans not stored yet and re-assemble their trajectories; returns how many were new.
 
@@ -536,7 +520,10 @@ def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence
         )
         trajectories = {trace_id: (pk, count, agent_id) for pk, trace_id, count, agent_id in cursor.fetchall()}
 
-    stored = _stored_spans(workspace.pk, [t for t in trace_ids if trajectories[t][1] > 0])
+    # Only traces with spans already stored need them read back.
+    stored = selectors.trace_spans(
+        workspace_id=workspace.pk, trace_ids=[t for t in trace_ids if trajectories[t][1] > 0]
+    )
     prompt_versions = _prompt_versions(workspace, (s for trace in by_trace.values() for s in trace.values()))
     agents = _AgentResolver(workspace, api_key)
     signal_configs = _SignalConfigs(workspace)
@@ -876,8 +863,6 @@ def trajectory_retention_sweep() -> dict[int, int]:
 def trajectory_signals_recompute(*, trajectory_ids: Sequence[int]) -> int:
     """Recompute the signals (and the stored view) of these trajectories from their spans, after the
     detectors, the weights or the step assembly changed; returns how many were updated."""
-    from tracing import selectors
-
     updated = 0
     configs: dict[int | None, signals.SignalConfig | None] = {}
     for trajectory in Trajectory.objects.filter(pk__in=trajectory_ids).only(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.db import connection
 from pytest_django import DjangoDbBlocker
+from pytest_django.live_server_helper import LiveServer
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -26,3 +28,11 @@ def _test_database_released(django_db_setup: None, django_db_blocker: DjangoDbBl
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
+
+
+@pytest.fixture
+def seeded(live_server: LiveServer) -> dict[str, Any]:
+    """The demo workspace, seeded as `make run` seeds it, and the live server's URL."""
+    from agent_registry import demo as registry_demo
+
+    return {"workspace": registry_demo.demo_seed(), "url": live_server.url}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,11 +16,11 @@ from playwright.sync_api import Page, expect
 
 from agent_registry import selectors, services
 from agent_registry.models import Agent, AgentStatus, Prompt, PromptLabel, Role, Workspace
-from agent_registry.tests.factories import PASSWORD, MembershipFactory, UserFactory, WorkspaceFactory
+from agent_registry.tests.factories import MembershipFactory, UserFactory, WorkspaceFactory
+from tests.browser.pages import SCREENSHOTS, log_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 RIDE_SUPPORT_V1: dict[str, Any] = {
     "error_surface": {
@@ -326,14 +325,6 @@ def _demo(live_server_url: str) -> dict[str, Any]:
     }
 
 
-def _log_in(page: Page, base_url: str, username: str) -> None:
-    page.goto(f"{base_url}/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page.get_by_role("heading", level=1)).to_be_visible()
-
-
 @pytest.fixture
 def demo(live_server) -> dict[str, Any]:
     return _demo(live_server.url)
@@ -341,7 +332,7 @@ def demo(live_server) -> dict[str, Any]:
 
 def test_requirements_live_validation_and_save(page: Page, demo: dict[str, Any]) -> None:
     base = demo["url"]
-    _log_in(page, base, "sam")
+    log_in(page, base, "sam")
     expect(page).to_have_url(f"{base}/w/acme/")
     page.get_by_role("link", name="Agents", exact=True).click()
     page.get_by_role("link", name="Ride support").first.click()
@@ -382,7 +373,7 @@ def test_requirements_live_validation_and_save(page: Page, demo: dict[str, Any])
 
 def test_rows_can_be_added_and_removed(page: Page, demo: dict[str, Any]) -> None:
     base = demo["url"]
-    _log_in(page, base, "sam")
+    log_in(page, base, "sam")
     page.goto(f"{base}/w/acme/agents/ride-support/requirements/")
     page.get_by_role("button", name="+ Add action").click()
     # The new row's first input has the focus, so a keyboard user can type straight away.
@@ -409,7 +400,7 @@ def _label_version(prompt: Prompt, label: str) -> int:
 def test_publish_deploy_and_roll_back_a_prompt(page: Page, demo: dict[str, Any]) -> None:
     base = demo["url"]
     triage: Prompt = demo["triage"]
-    _log_in(page, base, "sam")
+    log_in(page, base, "sam")
     page.goto(f"{base}/w/acme/prompts/")
     page.get_by_role("link", name="support/triage").click()
     expect(page.get_by_role("heading", name="support/triage", level=1)).to_be_visible()
@@ -447,7 +438,7 @@ def test_publish_deploy_and_roll_back_a_prompt(page: Page, demo: dict[str, Any])
 
 def test_try_it_names_missing_variables(page: Page, demo: dict[str, Any]) -> None:
     base = demo["url"]
-    _log_in(page, base, "sam")
+    log_in(page, base, "sam")
     page.goto(f"{base}/w/acme/prompts/{demo['triage'].pk}/")
     try_it = page.locator("#try-it")
     try_it.get_by_label("intents").fill("refund, lost_item, safety")
@@ -460,7 +451,7 @@ def test_try_it_names_missing_variables(page: Page, demo: dict[str, Any]) -> Non
 
 def test_keyboard_reaches_the_skip_link_and_menus(page: Page, demo: dict[str, Any]) -> None:
     base = demo["url"]
-    _log_in(page, base, "dana")
+    log_in(page, base, "dana")
     page.keyboard.press("Tab")
     expect(page.get_by_role("link", name="Skip to content")).to_be_focused()
     page.keyboard.press("Enter")
@@ -475,7 +466,7 @@ def test_screenshots_of_every_main_page(page: Page, demo: dict[str, Any]) -> Non
     base = demo["url"]
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.set_viewport_size({"width": 1440, "height": 900})
-    _log_in(page, base, "dana")
+    log_in(page, base, "dana")
     chat: Prompt = demo["chat"]
     ride: Agent = demo["ride"]
     workspace: Workspace = demo["workspace"]

@@ -6,7 +6,6 @@ workspace (tracing.demo: a week of traffic, triage settings, review queues, aler
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,25 +13,11 @@ from playwright.sync_api import Page, expect
 
 from agent_registry import demo as registry_demo
 from agent_registry.models import Workspace
+from tests.browser.pages import SCREENSHOTS, log_in
 from tracing import triage
 from tracing.models import Alert, ReviewItem, ReviewSample
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
-
-
-@pytest.fixture
-def seeded(live_server) -> dict[str, Any]:
-    return {"workspace": registry_demo.demo_seed(), "url": live_server.url}
-
-
-def _log_in(page: Page, base_url: str) -> None:
-    page.goto(f"{base_url}/login/")
-    page.get_by_label("Username").fill(registry_demo.DEMO_USERNAME)
-    page.get_by_label("Password").fill(registry_demo.DEMO_PASSWORD)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page.get_by_role("heading", level=1)).to_be_visible()
 
 
 def _screenshot(page: Page, name: str) -> None:
@@ -54,7 +39,7 @@ def test_review_two_items_with_the_keyboard_and_see_informativeness_update(page:
     base = seeded["url"]
     workspace: Workspace = seeded["workspace"]
     page.set_viewport_size({"width": 1440, "height": 900})
-    _log_in(page, base)
+    log_in(page, base)
     queue = ReviewSample.objects.get(workspace=workspace, strategy="signal", seed="demo:signal")
     before = triage.review_informativeness(workspace=workspace).comparison.signal
     pending = list(queue.items.filter(status="pending").order_by("position"))
@@ -106,7 +91,7 @@ def test_an_alert_links_to_the_trajectories_behind_it(page: Page, seeded: dict[s
     base = seeded["url"]
     workspace: Workspace = seeded["workspace"]
     page.set_viewport_size({"width": 1440, "height": 900})
-    _log_in(page, base)
+    log_in(page, base)
     alert = Alert.objects.filter(workspace=workspace, signal="error_status").select_related("agent").get()
     open_alerts = Alert.objects.filter(workspace=workspace, acknowledged_at__isnull=True).count()
 
@@ -140,7 +125,7 @@ def test_signal_rates_per_prompt_version(page: Page, seeded: dict[str, Any]) -> 
     base = seeded["url"]
     workspace: Workspace = seeded["workspace"]
     page.set_viewport_size({"width": 1440, "height": 900})
-    _log_in(page, base)
+    log_in(page, base)
 
     page.goto(f"{base}/w/{workspace.slug}/agents/shopping-assistant/signals/")
     expect(page.get_by_role("heading", name="Shopping assistant", level=1)).to_be_visible()

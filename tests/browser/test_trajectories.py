@@ -6,34 +6,18 @@ OpenTelemetry SDK and ingested through Keel's own path."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
 from playwright.sync_api import Page, expect
 
-from agent_registry import demo as registry_demo
 from agent_registry.models import Workspace
+from tests.browser.pages import SCREENSHOTS, log_in
 from tracing import replay, selectors, tasks
 from tracing.models import Replay, ReplayStatus, Score, Trajectory
 from tracing.tests.replay_fakes import call, fake_provider, say
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
-
-
-@pytest.fixture
-def seeded(live_server) -> dict[str, Any]:
-    return {"workspace": registry_demo.demo_seed(), "url": live_server.url}
-
-
-def _log_in(page: Page, base_url: str) -> None:
-    page.goto(f"{base_url}/login/")
-    page.get_by_label("Username").fill(registry_demo.DEMO_USERNAME)
-    page.get_by_label("Password").fill(registry_demo.DEMO_PASSWORD)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page.get_by_role("heading", level=1)).to_be_visible()
 
 
 def _matching(workspace: Workspace, **filters: Any) -> int:
@@ -48,7 +32,7 @@ def _rows(page: Page):
 def test_filter_open_step_through_and_score(page: Page, seeded: dict[str, Any]) -> None:
     base = seeded["url"]
     workspace: Workspace = seeded["workspace"]
-    _log_in(page, base)
+    log_in(page, base)
     page.get_by_role("link", name="Trajectories", exact=True).click()
     expect(page.get_by_role("heading", name="Trajectories", level=1)).to_be_visible()
     expect(_rows(page)).to_have_count(50)
@@ -112,7 +96,7 @@ def test_tree_view_collapses_a_sub_agent(page: Page, seeded: dict[str, Any]) -> 
     steps = selectors.trajectory_view(trajectory=long).steps
     sub_agent = next(step for step in steps if step.kind == "agent" and step.depth == 1)
     inside = [step.index for step in steps[sub_agent.index + 1 :] if step.depth > sub_agent.depth]
-    _log_in(page, base)
+    log_in(page, base)
     page.goto(f"{base}/w/{seeded['workspace'].slug}/trajectories/{long.trace_id}/")
 
     page.get_by_role("button", name="Tree").click()
@@ -135,7 +119,7 @@ def test_start_a_replay_and_read_the_diff(page: Page, seeded: dict[str, Any], mo
     view = selectors.trajectory_view(trajectory=original)
     first_call = next(step for step in view.steps if step.kind == "llm_call")
     lookup = view.tool_calls[0]
-    _log_in(page, base)
+    log_in(page, base)
     page.goto(f"{base}/w/{workspace.slug}/trajectories/{original.trace_id}/")
 
     page.locator(f"#step-{first_call.index} .step-head").click()
@@ -191,7 +175,7 @@ def test_screenshots_of_the_trajectory_pages(page: Page, seeded: dict[str, Any])
     base = seeded["url"]
     workspace: Workspace = seeded["workspace"]
     page.set_viewport_size({"width": 1440, "height": 900})
-    _log_in(page, base)
+    log_in(page, base)
     long = Trajectory.objects.filter(workspace=workspace).order_by("-step_count").first()
     session = Trajectory.objects.filter(workspace=workspace, tags__contains=["rephrased"]).order_by("trace_id").first()
     assert long is not None

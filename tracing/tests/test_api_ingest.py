@@ -238,3 +238,25 @@ def test_json_trajectories_with_errors_name_the_field_and_store_nothing(ingest_c
     assert body["code"] == "trajectory_invalid"
     assert body["errors"][0]["field"] == "messages.0.role"
     assert IngestBatch.objects.count() == 0
+
+
+def test_the_queue_holds_at_most_what_the_workers_store_in_a_few_seconds(otel, ingest_client, settings):
+    settings.KEEL_INGEST_MAX_QUEUE_SECONDS = 2
+    settings.KEEL_INGEST_BACKLOG_FLOOR_SPANS = 6
+    refund_conversation(otel.tracer())
+    body = otel.protobuf()
+    # The workers just stored 40 spans in 10 s: 4 spans/s, so 8 spans may wait (above the floor of 6).
+    for _ in range(10):
+        assert ingest_client.post("/v1/traces", body, content_type=PROTOBUF).status_code == 200
+        services.span_batch_process(batch_id=IngestBatch.objects.latest("pk").pk)
+        services.backlog.reset()
+
+    assert ingest_client.post("/v1/traces", body, content_type=PROTOBUF).status_code == 200  # 4 waiting
+    services.backlog.reset()
+    assert ingest_client.post("/v1/traces", body, content_type=PROTOBUF).status_code == 200  # 8 waiting
+    services.backlog.reset()
+    refused = ingest_client.post("/v1/traces", body, content_type=PROTOBUF)
+
+    assert refused.status_code == 429
+    assert "the workers store about 4 spans/s, so Keel queues at most 8" in refused.json()["detail"]
+    assert IngestBatch.objects.filter(status="pending").count() == 2

@@ -6,10 +6,12 @@ from config.settings.env import env_int
 KEEL_MAX_DECOMPRESSED_BYTES = env_int("KEEL_MAX_DECOMPRESSED_BYTES", 64 * 1024 * 1024)
 # Attribute values longer than this are cut (with a marker that keeps the original length).
 KEEL_MAX_ATTRIBUTE_LENGTH = env_int("KEEL_MAX_ATTRIBUTE_LENGTH", 256 * 1024)
-# Back-pressure: past this many spans waiting, or once the oldest waiting batch is this many seconds old,
-# ingest answers 429 with Retry-After instead of queueing more than the workers can store soon.
-KEEL_INGEST_BACKLOG_SPANS = env_int("KEEL_INGEST_BACKLOG_SPANS", 100_000)
+# Back-pressure: ingest answers 429 with Retry-After instead of queueing more than the workers can store
+# in KEEL_INGEST_MAX_QUEUE_SECONDS at their recent rate (at least the floor, at most the cap), or once the
+# oldest waiting batch has waited that long.
 KEEL_INGEST_MAX_QUEUE_SECONDS = env_int("KEEL_INGEST_MAX_QUEUE_SECONDS", 2)
+KEEL_INGEST_BACKLOG_FLOOR_SPANS = env_int("KEEL_INGEST_BACKLOG_FLOOR_SPANS", 5_000)
+KEEL_INGEST_BACKLOG_SPANS = env_int("KEEL_INGEST_BACKLOG_SPANS", 100_000)
 KEEL_INGEST_RETRY_AFTER_SECONDS = env_int("KEEL_INGEST_RETRY_AFTER_SECONDS", 1)
 # A worker holds a batch this long; past it, the sweeper gives the batch to another worker.
 KEEL_INGEST_LEASE_SECONDS = env_int("KEEL_INGEST_LEASE_SECONDS", 90)
