@@ -63,16 +63,24 @@ def litellm_prices() -> dict[str, ModelPrice]:
     return prices
 
 
+def _candidates(model: str) -> tuple[str, ...]:
+    return (model, model.split("/", 1)[1]) if "/" in model else (model,)
+
+
+@cache
+def _litellm_price(model: str) -> ModelPrice | None:
+    # Asked once per model name and process: every generation span of a batch asks again.
+    prices = litellm_prices()
+    return next((prices[name] for name in _candidates(model) if name in prices), None)
+
+
 def price_find(model: str, overrides: Mapping[str, ModelPrice] | None = None) -> ModelPrice | None:
     """The price of `model`: an override, else litellm's; `openai/gpt-4o` also finds `gpt-4o`."""
-    candidates = [model]
-    if "/" in model:
-        candidates.append(model.split("/", 1)[1])
-    for table in (overrides or {}, litellm_prices()):
-        for candidate in candidates:
-            if candidate in table:
-                return table[candidate]
-    return None
+    if overrides:
+        for name in _candidates(model):
+            if name in overrides:
+                return overrides[name]
+    return _litellm_price(model)
 
 
 def generation_cost(
