@@ -371,6 +371,10 @@ def _parse_protobuf(body: bytes) -> Any:
         raise MalformedPayload("the body is not a valid OTLP ExportTraceServiceRequest protobuf message") from error
 
 
+# OTLP requires the resource that produced the spans; spans without one cannot be told apart by service.
+MISSING_RESOURCE: Final = "missing resource"
+
+
 def _pb_rejection(trace_id: bytes, span_id: bytes, parent_id: bytes, name: str, start: int, end: int) -> str | None:
     """Why OTLP forbids this span, or None."""
     if len(trace_id) != 16 or trace_id == _ZERO_TRACE_ID:
@@ -392,6 +396,9 @@ def _validate_protobuf(body: bytes) -> ExportSummary:
     accepted = 0
     reasons: Counter[str] = Counter()
     for resource_spans in _parse_protobuf(body).resource_spans:
+        if not resource_spans.HasField("resource"):
+            reasons[MISSING_RESOURCE] += sum(len(scope_spans.spans) for scope_spans in resource_spans.scope_spans)
+            continue
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
                 reason = _pb_rejection(
@@ -414,6 +421,9 @@ def _decode_protobuf(body: bytes, limit: int) -> ExportRequest:
     spans: list[RawSpan] = []
     reasons: Counter[str] = Counter()
     for resource_spans in request.resource_spans:
+        if not resource_spans.HasField("resource"):
+            reasons[MISSING_RESOURCE] += sum(len(scope_spans.spans) for scope_spans in resource_spans.scope_spans)
+            continue
         resource_attributes = _pb_attributes(resource_spans.resource.attributes, limit, None)
         for scope_spans in resource_spans.scope_spans:
             scope = scope_spans.scope
@@ -761,6 +771,7 @@ def _decode_json(body: bytes, limit: int) -> ExportRequest:
     for resource_spans in resource_spans_list:
         if not isinstance(resource_spans, dict):
             raise MalformedPayload("each resourceSpans item must be an object")
+        missing_resource = resource_spans.get("resource") is None
         resource = _default(resource_spans.get("resource"), {})
         if not isinstance(resource, dict):
             raise MalformedPayload("resource must be an object")
@@ -782,6 +793,9 @@ def _decode_json(body: bytes, limit: int) -> ExportRequest:
             span_list = _default(scope_spans.get("spans"), [])
             if not isinstance(span_list, list):
                 raise MalformedPayload("spans must be a list")
+            if missing_resource:
+                reasons[MISSING_RESOURCE] += len(span_list)
+                continue
             for span in span_list:
                 try:
                     spans.append(_json_span(span, limit, resource_attributes, scope_name, scope_version))

@@ -177,8 +177,11 @@ def ingest_otlp_accept(*, api_key: ApiKey, body: bytes, content_type: str, conte
     except otlp.OtlpError as error:
         raise exceptions.IngestPayloadInvalid(str(error)) from None
     accepted = summary.accepted_spans
+    if not accepted and summary.rejected_spans:
+        # Nothing in the request can be stored: that is a bad request, not a partial success.
+        raise exceptions.IngestPayloadInvalid(f"no span can be stored: {summary.error_message}")
     if not accepted:
-        return IngestAccepted(None, 0, summary.rejected_spans, summary.error_message)
+        return IngestAccepted(None, 0, 0, "")
     _backlog_check(accepted)
     batch_id = _batch_store(
         api_key=api_key,

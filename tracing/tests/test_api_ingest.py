@@ -260,3 +260,77 @@ def test_the_queue_holds_at_most_what_the_workers_store_in_a_few_seconds(otel, i
     assert refused.status_code == 429
     assert "the workers store about 4 spans/s, so Keel queues at most 8" in refused.json()["detail"]
     assert IngestBatch.objects.filter(status="pending").count() == 2
+
+
+def test_spans_without_a_resource_are_rejected_and_a_request_with_nothing_storable_is_400(otel, ingest_client):
+    refund_conversation(otel.tracer())
+    document = otlp_json_document(otel.request())
+    with_resource = json.loads(json.dumps(document))
+    del document["resourceSpans"][0]["resource"]
+    mixed = {"resourceSpans": [*with_resource["resourceSpans"], *document["resourceSpans"]]}
+
+    nothing = ingest_client.post("/v1/traces", json.dumps(document), content_type="application/json")
+    partial = ingest_client.post("/v1/traces", json.dumps(mixed), content_type="application/json")
+
+    assert (nothing.status_code, nothing.json()["code"]) == (400, "invalid_payload")
+    assert nothing.json()["detail"] == "no span can be stored: rejected 4 spans: 4 missing resource"
+    assert partial.status_code == 200
+    assert partial.json()["partialSuccess"] == {
+        "rejectedSpans": "4",
+        "errorMessage": "rejected 4 spans: 4 missing resource",
+    }
+    assert IngestBatch.objects.get().span_count == 4
+
+
+def test_a_protobuf_request_without_resources_is_400(otel, ingest_client):
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    refund_conversation(otel.tracer())
+    request = otel.request()
+    stripped = ExportTraceServiceRequest()
+    stripped.CopyFrom(request)
+    stripped.resource_spans[0].ClearField("resource")
+
+    response = ingest_client.post("/v1/traces", stripped.SerializeToString(), content_type=PROTOBUF)
+
+    assert response.status_code == 400
+    assert "missing resource" in response.json()["detail"]
+    assert IngestBatch.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=False)
+def test_random_and_mutated_bodies_never_get_a_server_error(otel, ingest_client):
+    from hypothesis import HealthCheck, given
+    from hypothesis import settings as hypothesis_settings
+    from hypothesis import strategies as st
+
+    refund_conversation(otel.tracer())
+    valid = otel.protobuf()
+    valid_json = json.dumps(otlp_json_document(otel.request())).encode()
+
+    @hypothesis_settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(
+        body=st.one_of(
+            st.binary(max_size=2000),
+            st.builds(
+                lambda cut, junk: valid[:cut] + junk + valid[cut:], st.integers(0, len(valid)), st.binary(max_size=20)
+            ),
+            st.builds(
+                lambda cut, junk: valid_json[:cut] + junk + valid_json[cut:],
+                st.integers(0, len(valid_json)),
+                st.binary(max_size=20),
+            ),
+        ),
+        content_type=st.sampled_from(
+            [PROTOBUF, "application/json", "text/plain", "application/x-protobuf; charset=utf-8"]
+        ),
+        encoding=st.sampled_from(["", "gzip", "deflate", "br"]),
+    )
+    def post(body: bytes, content_type: str, encoding: str) -> None:
+        headers = {"Content-Encoding": encoding} if encoding else {}
+        response = ingest_client.post("/v1/traces", body, content_type=content_type, headers=headers)
+        assert response.status_code < 500, response.content
+        if response.status_code >= 400:
+            assert set(response.json()) >= {"detail", "code"}
+
+    post()

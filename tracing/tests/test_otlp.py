@@ -134,6 +134,7 @@ def test_json_accepts_numbers_for_int64_enum_names_snake_case_and_base64_ids() -
     document = {
         "resource_spans": [
             {
+                "resource": {},
                 "scope_spans": [
                     {
                         "spans": [
@@ -153,7 +154,7 @@ def test_json_accepts_numbers_for_int64_enum_names_snake_case_and_base64_ids() -
                             }
                         ]
                     }
-                ]
+                ],
             }
         ]
     }
