@@ -123,7 +123,8 @@ def _backlog_check(incoming: int) -> None:
     max_seconds: float = settings.KEEL_INGEST_MAX_QUEUE_SECONDS
     capacity = max(waiting.spans_per_second * max_seconds, float(settings.KEEL_INGEST_BACKLOG_FLOOR_SPANS))
     limit = min(capacity, float(settings.KEEL_INGEST_BACKLOG_SPANS))
-    if waiting.spans + incoming > limit:
+    # An empty queue takes any request the body limit lets through: refusing it could never succeed.
+    if waiting.spans and waiting.spans + incoming > limit:
         reason = (
             f"{waiting.spans} spans are waiting; the workers store about {waiting.spans_per_second:,.0f} spans/s, "
             f"so Keel queues at most {limit:,.0f}"

@@ -5,62 +5,23 @@ the database (django-celery-beat) and the worker runs what it sends."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from celery import Celery
-from django.db import connection
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from agent_registry.models import WorkerHeartbeat
+from tests.celery.processes import celery_producer, celery_start, celery_stop, process_env
 
 # Real worker and beat processes read what the test wrote, so the data must be committed.
 pytestmark = pytest.mark.django_db(transaction=True)
 
-BASE_DIR = Path(__file__).resolve().parents[2]
 HEARTBEAT = "agent_registry.worker_heartbeat_record"
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
-
-
-def _process_env(broker_url: str | None, broker_dir: Path) -> dict[str, str]:
-    """Environment for a Celery process that uses the test database and the given broker."""
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test", "KEEL_BROKER_DIR": str(broker_dir)}
-    settings = connection.settings_dict
-    if os.environ.get("DATABASE_URL"):
-        env["DATABASE_URL"] = (
-            f"postgres://{settings['USER']}:{settings['PASSWORD']}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}"
-        )
-    else:
-        env["KEEL_DATABASE_NAME"] = settings["NAME"]
-    env.pop("CELERY_BROKER_URL", None)
-    if broker_url is not None:
-        env["CELERY_BROKER_URL"] = broker_url
-    return env
-
-
-def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as output:  # the child keeps its own descriptor
-        return subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "config", *args],
-            cwd=BASE_DIR,
-            env=env,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def _wait_for_beats(count: int, timeout: float, log: Path) -> WorkerHeartbeat:
@@ -94,36 +55,20 @@ def broker(request, tmp_path) -> Iterator[tuple[str | None, Path]]:
     client.flushdb()
 
 
-def _producer(broker_url: str | None, broker_dir: Path) -> Celery:
-    if broker_url is not None:
-        return Celery("producer", broker=broker_url)
-    for folder in ("queue", "control", "processed"):
-        (broker_dir / folder).mkdir(parents=True, exist_ok=True)
-    return Celery(
-        "producer",
-        broker="filesystem://",
-        broker_transport_options={
-            "data_folder_in": str(broker_dir / "queue"),
-            "data_folder_out": str(broker_dir / "queue"),
-            "control_folder": str(broker_dir / "control"),
-        },
-    )
-
-
 def test_a_worker_runs_a_task_sent_through_the_broker(broker, tmp_path):
     broker_url, broker_dir = broker
-    producer = _producer(broker_url, broker_dir)
+    producer = celery_producer(broker_url, broker_dir)
     producer.send_task(HEARTBEAT)  # queued before the worker exists: the broker keeps it
     log = tmp_path / "worker.log"
-    worker = _start(
+    worker = celery_start(
         ["worker", "-l", "info", "-c", "1", "--without-mingle", "--without-gossip"],
-        _process_env(broker_url, broker_dir),
+        process_env(broker_url, broker_dir),
         log,
     )
     try:
         beat = _wait_for_beats(1, timeout=60, log=log)
     finally:
-        _stop(worker)
+        celery_stop(worker)
     assert beat.beats == 1
 
 
@@ -135,14 +80,14 @@ def test_beat_sends_the_database_schedule_and_the_worker_runs_it(broker, tmp_pat
     PeriodicTask.objects.update_or_create(
         name="Worker heartbeat", defaults={"task": HEARTBEAT, "interval": every_second, "enabled": True}
     )
-    env = _process_env(broker_url, broker_dir)
+    env = process_env(broker_url, broker_dir)
     worker_log, beat_log = tmp_path / "worker.log", tmp_path / "beat.log"
-    worker = _start(["worker", "-l", "info", "-c", "1", "--without-mingle", "--without-gossip"], env, worker_log)
-    beat = _start(["beat", "-l", "info", "--schedule", str(tmp_path / "beat-schedule")], env, beat_log)
+    worker = celery_start(["worker", "-l", "info", "-c", "1", "--without-mingle", "--without-gossip"], env, worker_log)
+    beat = celery_start(["beat", "-l", "info", "--schedule", str(tmp_path / "beat-schedule")], env, beat_log)
     try:
         heartbeat = _wait_for_beats(3, timeout=90, log=beat_log)
     finally:
-        _stop(beat)
-        _stop(worker)
+        celery_stop(beat)
+        celery_stop(worker)
     assert heartbeat.beats >= 3
     assert PeriodicTask.objects.get(task=HEARTBEAT).total_run_count >= 3
