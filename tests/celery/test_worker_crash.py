@@ -47,6 +47,7 @@ def test_a_batch_whose_worker_is_killed_is_stored_once_by_the_next_worker(tmp_pa
     )
     assert accepted.accepted_spans == 4 * CONVERSATIONS
     batch_id = accepted.batch_id
+    assert batch_id is not None
     broker_dir = tmp_path / "broker"
     env = {**process_env(None, broker_dir), "KEEL_INGEST_LEASE_SECONDS": "1"}
     producer = celery_producer(None, broker_dir)
