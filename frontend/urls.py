@@ -1,6 +1,6 @@
 from django.urls import URLPattern, URLResolver, include, path
 
-from frontend import alerts, review, triage_views, views
+from frontend import alerts, review, settings_views, triage_views, views
 
 app_name = "frontend"
 
@@ -18,6 +18,7 @@ agent_patterns: list[URLPattern | URLResolver] = [
     path("alert-rules/", alerts.agent_alert_rules_view, name="agent_alert_rules"),
     path("alert-rules/<int:rule_id>/", alerts.agent_alert_rule_edit_view, name="agent_alert_rule_edit"),
     path("alert-rules/<int:rule_id>/delete/", alerts.agent_alert_rule_delete_view, name="agent_alert_rule_delete"),
+    path("settings/", settings_views.agent_settings_view, name="agent_settings"),
 ]
 
 review_patterns: list[URLPattern | URLResolver] = [
@@ -40,6 +41,14 @@ prompt_patterns: list[URLPattern | URLResolver] = [
     path("render/", views.prompt_render_view, name="prompt_render"),
 ]
 
+integration_patterns: list[URLPattern | URLResolver] = [
+    path("", settings_views.integration_list_view, name="integration_list"),
+    path("langfuse/", settings_views.langfuse_mirror_configure_view, name="langfuse_mirror_configure"),
+    path("langfuse/retry/", settings_views.langfuse_export_retry_view, name="langfuse_export_retry"),
+    path("langfuse/delete/", settings_views.langfuse_mirror_delete_view, name="langfuse_mirror_delete"),
+    path("model-prices/", settings_views.model_price_set_view, name="model_price_set"),
+]
+
 workspace_patterns: list[URLPattern | URLResolver] = [
     path("", views.workspace_home_view, name="workspace_home"),
     path("agents/", views.agent_list_view, name="agent_list"),
@@ -56,6 +65,7 @@ workspace_patterns: list[URLPattern | URLResolver] = [
     path("alerts/<int:alert_id>/acknowledge/", alerts.alert_acknowledge_view, name="alert_acknowledge"),
     path("keys/", views.apikey_list_view, name="apikey_list"),
     path("keys/<int:key_id>/revoke/", views.apikey_revoke_view, name="apikey_revoke"),
+    path("integrations/", include(integration_patterns)),
 ]
 
 urlpatterns: list[URLPattern | URLResolver] = [

@@ -1,10 +1,12 @@
 """Two workspaces, each with an agent that has requirements, a prompt with two versions, a key, a recorded
-trajectory with a pending replay, and a client per role in the first."""
+trajectory with a pending replay, a paused Langfuse mirror with a failed delivery, a model price, and a
+client per role in the first."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -31,10 +33,14 @@ from agent_registry.tests.factories import (
     requirements_answers,
 )
 from frontend.tests import traces
-from tracing import replay, triage
+from tracing import langfuse_bridge, replay, triage
+from tracing import services as tracing_services
 from tracing.models import (
     Alert,
     AlertRule,
+    LangfuseExport,
+    LangfuseMirror,
+    ModelPriceOverride,
     Replay,
     ReviewItem,
     ReviewSample,
@@ -56,6 +62,32 @@ class Tenant:
     sample: ReviewSample
     rule: AlertRule
     alert: Alert
+    mirror: LangfuseMirror
+    price: ModelPriceOverride
+
+
+TENANT_LANGFUSE_SECRET = "sk-lf-tenant-secret"
+
+
+def _paused_mirror_with_a_failed_delivery(workspace: Workspace, trace_name: str) -> tuple[Trajectory, LangfuseMirror]:
+    """Mirroring while the trajectory arrives queues its spans; pausing the mirror then fails that delivery."""
+    langfuse_bridge.langfuse_mirror_configure(
+        workspace=workspace,
+        host="https://langfuse.example.com",
+        public_key="pk-lf-tenant",
+        secret_key=TENANT_LANGFUSE_SECRET,
+    )
+    trajectory = traces.conversation(workspace, trace_name)
+    mirror = langfuse_bridge.langfuse_mirror_configure(
+        workspace=workspace,
+        host="https://langfuse.example.com",
+        public_key="pk-lf-tenant",
+        secret_key=None,
+        enabled=False,
+    )
+    (export_id,) = LangfuseExport.objects.filter(workspace=workspace).values_list("pk", flat=True)
+    assert langfuse_bridge.langfuse_export_deliver(export_id=export_id) is False
+    return trajectory, mirror
 
 
 def _tenant(workspace: Workspace, author: User) -> Tenant:
@@ -83,7 +115,7 @@ def _tenant(workspace: Workspace, author: User) -> Tenant:
         prompt=first.prompt, template="Hi {{name}}! About {{topic}}:", commit_message="friendlier", created_by=author
     )
     api_key, _ = services.apikey_create(workspace=workspace, name="ingest", scopes=["ingest"], created_by=author)
-    trajectory = traces.conversation(workspace, f"{workspace.slug}/refund")
+    trajectory, mirror = _paused_mirror_with_a_failed_delivery(workspace, f"{workspace.slug}/refund")
     pending = replay.replay_create(original=trajectory, from_step=3, created_by=author)
     sample = triage.review_sample_create(
         workspace=workspace,
@@ -104,6 +136,13 @@ def _tenant(workspace: Workspace, author: User) -> Tenant:
         sample=sample,
         rule=rule,
         alert=AlertFactory.create(rule=rule),
+        mirror=mirror,
+        price=tracing_services.model_price_set(
+            workspace=workspace,
+            model="acme-large",
+            input_usd_per_million=Decimal("2.5"),
+            output_usd_per_million=Decimal("10"),
+        ),
     )
 
 
@@ -179,6 +218,9 @@ def page_urls(tenant: Tenant) -> dict[str, str]:
         "agent_signals_daily": f"/w/{ws}/agents/{agent}/signals/?period=30d",
         "agent_alert_rules": f"/w/{ws}/agents/{agent}/alert-rules/",
         "agent_alert_rule_edit": f"/w/{ws}/agents/{agent}/alert-rules/{tenant.rule.pk}/",
+        "agent_settings": f"/w/{ws}/agents/{agent}/settings/",
+        "integration_list": f"/w/{ws}/integrations/",
+        "integration_list_price": f"/w/{ws}/integrations/?price={tenant.price.model}",
     }
 
 
@@ -249,6 +291,25 @@ def post_cases(tenant: Tenant) -> dict[str, tuple[str, dict[str, Any]]]:
             },
         ),
         "agent_alert_rule_delete": (f"/w/{ws}/agents/{agent}/alert-rules/{tenant.rule.pk}/delete/", {}),
+        "agent_settings_save": (
+            f"/w/{ws}/agents/{agent}/settings/",
+            {"name": "Ride support", "description": "Refunds", "status": "active", "trace_retention_days": "30"},
+        ),
+        "langfuse_mirror_configure": (
+            f"/w/{ws}/integrations/langfuse/",
+            {
+                "host": "https://cloud.langfuse.com",
+                "public_key": "pk-lf-new",
+                "secret_key": "sk-lf-new",
+                "enabled": "on",
+            },
+        ),
+        "langfuse_export_retry": (f"/w/{ws}/integrations/langfuse/retry/", {}),
+        "langfuse_mirror_delete": (f"/w/{ws}/integrations/langfuse/delete/", {}),
+        "model_price_set": (
+            f"/w/{ws}/integrations/model-prices/",
+            {"model": "acme-large", "input_usd_per_million": "3", "output_usd_per_million": "12"},
+        ),
     }
 
 
@@ -256,7 +317,9 @@ def db_state() -> dict[str, list[Any]]:
     """Everything a dashboard POST could change, to assert that a refused one changed nothing."""
     return {
         "agents": list(
-            Agent.objects.order_by("pk").values_list("pk", "slug", "name", "status", "current_requirements_id")
+            Agent.objects.order_by("pk").values_list(
+                "pk", "slug", "name", "description", "status", "trace_retention_days", "current_requirements_id"
+            )
         ),
         "requirements_versions": list(RequirementsVersion.objects.order_by("pk").values_list("pk", "version")),
         "prompts": list(Prompt.objects.order_by("pk").values_list("pk", "name")),
@@ -274,4 +337,15 @@ def db_state() -> dict[str, list[Any]]:
         ),
         "alert_rules": list(AlertRule.objects.order_by("pk").values_list("pk", "name", "threshold", "enabled")),
         "alerts": list(Alert.objects.order_by("pk").values_list("pk", "acknowledged_at")),
+        "langfuse_mirrors": list(
+            LangfuseMirror.objects.order_by("pk").values_list(
+                "pk", "workspace_id", "host", "public_key", "secret_key_encrypted", "enabled"
+            )
+        ),
+        "langfuse_exports": list(LangfuseExport.objects.order_by("pk").values_list("pk", "status", "attempts")),
+        "model_prices": list(
+            ModelPriceOverride.objects.order_by("pk").values_list(
+                "pk", "model", "input_usd_per_million", "output_usd_per_million", "cache_read_usd_per_million"
+            )
+        ),
     }

@@ -1,5 +1,6 @@
 """Who sees what: members and viewers read every page of their workspace; nobody reads another
-workspace's; viewers (and members, for keys) are refused every write, which changes nothing."""
+workspace's; viewers (and members, for keys and the Langfuse mirror) are refused every write, which
+changes nothing."""
 
 from __future__ import annotations
 
@@ -44,6 +45,9 @@ PAGES = [
     "agent_signals_daily",
     "agent_alert_rules",
     "agent_alert_rule_edit",
+    "agent_settings",
+    "integration_list",
+    "integration_list_price",
 ]
 POSTS = [
     "agent_create",
@@ -64,6 +68,19 @@ POSTS = [
     "agent_alert_rule_create",
     "agent_alert_rule_edit",
     "agent_alert_rule_delete",
+    "agent_settings_save",
+    "langfuse_mirror_configure",
+    "langfuse_export_retry",
+    "langfuse_mirror_delete",
+    "model_price_set",
+]
+# The writes that need the owner role.
+OWNER_POSTS = [
+    "apikey_create",
+    "apikey_revoke",
+    "langfuse_mirror_configure",
+    "langfuse_export_retry",
+    "langfuse_mirror_delete",
 ]
 
 
@@ -82,6 +99,8 @@ ROUTE_OF = {
     "review_item_decide": "review_item",
     "agent_triage_save": "agent_triage",
     "agent_alert_rule_create": "agent_alert_rules",
+    "agent_settings_save": "agent_settings",
+    "integration_list_price": "integration_list",
 }
 
 
@@ -194,8 +213,8 @@ def test_a_viewer_is_refused_every_write_and_nothing_changes(tenant, viewer_clie
     assert db_state() == before
 
 
-@pytest.mark.parametrize("case", ["apikey_create", "apikey_revoke"])
-def test_a_member_is_refused_key_management_and_nothing_changes(tenant, member_client, case):
+@pytest.mark.parametrize("case", OWNER_POSTS)
+def test_a_member_is_refused_what_only_owners_do_and_nothing_changes(tenant, member_client, case):
     url, data = post_cases(tenant)[case]
     before = db_state()
 
@@ -205,7 +224,7 @@ def test_a_member_is_refused_key_management_and_nothing_changes(tenant, member_c
     assert db_state() == before
 
 
-@pytest.mark.parametrize("case", [case for case in POSTS if not case.startswith("apikey")])
+@pytest.mark.parametrize("case", [case for case in POSTS if case not in OWNER_POSTS])
 def test_the_same_writes_succeed_for_a_member(tenant, member_client, case):
     url, data = post_cases(tenant)[case]
     before = db_state()
@@ -217,8 +236,8 @@ def test_the_same_writes_succeed_for_a_member(tenant, member_client, case):
         assert db_state() != before
 
 
-@pytest.mark.parametrize("case", ["apikey_create", "apikey_revoke"])
-def test_key_management_succeeds_for_an_owner(tenant, owner_client, case):
+@pytest.mark.parametrize("case", OWNER_POSTS)
+def test_what_only_owners_do_succeeds_for_an_owner(tenant, owner_client, case):
     url, data = post_cases(tenant)[case]
     before = db_state()
 
@@ -228,8 +247,9 @@ def test_key_management_succeeds_for_an_owner(tenant, owner_client, case):
     assert db_state() != before
 
 
-def test_only_owners_see_the_revoke_confirmation(tenant, member_client, owner_client):
-    url = f"/w/{tenant.workspace.slug}/keys/{tenant.api_key.pk}/revoke/"
+@pytest.mark.parametrize("case", ["apikey_revoke", "langfuse_mirror_delete"])
+def test_only_owners_see_the_confirmation(tenant, member_client, owner_client, case):
+    url, _ = post_cases(tenant)[case]
 
     assert member_client.get(url).status_code == 403
     assert owner_client.get(url).status_code == 200
@@ -242,6 +262,8 @@ def test_a_viewer_sees_no_write_controls(tenant, viewer_client):
     editor = viewer_client.get(pages["requirements_edit"]).content.decode()
     prompt = viewer_client.get(pages["prompt_detail"]).content.decode()
     keys = viewer_client.get(pages["apikey_list"]).content.decode()
+    agent_settings = viewer_client.get(pages["agent_settings"]).content.decode()
+    integrations = viewer_client.get(pages["integration_list"]).content.decode()
 
     assert "Create agent" not in agents
     assert "Save as new version" not in editor
@@ -250,6 +272,13 @@ def test_a_viewer_sees_no_write_controls(tenant, viewer_client):
     assert "Move</button>" not in prompt
     assert "Create key" not in keys
     assert "Revoke" not in keys
+    assert "Save settings" not in agent_settings
+    assert '<fieldset class="stack" disabled>' in agent_settings
+    assert "Save mirror settings" not in integrations
+    assert "Retry failed deliveries" not in integrations
+    assert "Stop mirroring" not in integrations
+    assert "Save price" not in integrations
+    assert "Change</a>" not in integrations
 
 
 def test_root_redirects_to_the_first_workspace(tenant, member_client):
