@@ -30,6 +30,7 @@ class BatchStatus(models.TextChoices):
 class BatchSource(models.TextChoices):
     OTLP = "otlp", "OTLP/HTTP"
     JSON = "json", "JSON trajectory"
+    SPANS = "spans", "Keel's own spans (gateway)"
 
 
 class IngestBatch(models.Model):

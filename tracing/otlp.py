@@ -1074,6 +1074,48 @@ _MESSAGE_EVENT_ROLES: Final = {
 _EVENT_ENVELOPE_KEYS: Final = frozenset(("gen_ai.system", "gen_ai.provider.name", "event.name"))
 
 
+_SPAN_DEFAULTS: Final[dict[str, Any]] = {
+    "kind": "internal",
+    "status": "ok",
+    "status_message": "",
+    "session_id": None,
+    "user_id": None,
+    "agent_name": None,
+    "service_name": None,
+    "trace_name": None,
+    "request_model": None,
+    "response_model": None,
+    "input": None,
+    "output": None,
+    "tool_name": None,
+    "tool_call_id": None,
+    "tool_arguments": None,
+    "tool_result": None,
+    "tool_definitions": (),
+    "usage": EMPTY_USAGE,
+    "cost_usd": None,
+    "prompt_name": None,
+    "prompt_version": None,
+    "task_id": None,
+    "reward": None,
+    "tags": (),
+    "metadata": {},
+    "error_type": None,
+    "error_message": None,
+    "events": (),
+    "resource_attributes": {},
+    "scope_version": "1",
+    "attributes": {},
+    "truncated_attributes": {},
+}
+
+
+def span_build(**fields: Any) -> Span:
+    """A span Keel produces itself (replays, the gateway): the given fields, the rest empty. Needs at
+    least trace_id, span_id, parent_span_id, name, start_time_ns, end_time_ns, span_type, scope_name."""
+    return Span(**{**_SPAN_DEFAULTS, **fields})
+
+
 def map_spans(spans: Iterable[RawSpan]) -> list[Span]:
     return [map_span(raw) for raw in spans]
 

@@ -396,43 +396,7 @@ def _span_id(trace_id: str, *parts: object) -> str:
 
 
 def _span(**fields: Any) -> otlp.Span:
-    values: dict[str, Any] = {
-        "kind": "internal",
-        "status": "ok",
-        "status_message": "",
-        "session_id": None,
-        "user_id": None,
-        "agent_name": None,
-        "service_name": None,
-        "trace_name": None,
-        "request_model": None,
-        "response_model": None,
-        "input": None,
-        "output": None,
-        "tool_name": None,
-        "tool_call_id": None,
-        "tool_arguments": None,
-        "tool_result": None,
-        "tool_definitions": (),
-        "usage": otlp.Usage(),
-        "cost_usd": None,
-        "prompt_name": None,
-        "prompt_version": None,
-        "task_id": None,
-        "reward": None,
-        "tags": (),
-        "metadata": {},
-        "error_type": None,
-        "error_message": None,
-        "events": (),
-        "resource_attributes": {},
-        "scope_name": "keel.replay",
-        "scope_version": "1",
-        "attributes": {},
-        "truncated_attributes": {},
-    }
-    values.update(fields)
-    return otlp.Span(**values)
+    return otlp.span_build(**{"scope_name": "keel.replay", **fields})
 
 
 @dataclass(slots=True)

@@ -45,7 +45,7 @@ from tracing.models import (
     Span,
     Trajectory,
 )
-from tracing.records import json_dumps, span_record
+from tracing.records import json_dumps, span_from_record, span_record
 from tracing.steps import TrajectoryView, trajectory_view_build, view_document
 
 logger = logging.getLogger("tracing.services")
@@ -222,6 +222,38 @@ def ingest_trajectories_accept(*, api_key: ApiKey, payload: Any) -> tuple[Ingest
     return IngestAccepted(batch_id, len(spans), 0, ""), trace_ids
 
 
+def ingest_spans_accept(*, api_key: ApiKey, spans: Sequence[otlp.Span]) -> int:
+    """Store spans that Keel itself produced (the gateway's) as a pending batch; returns its id.
+
+    No back-pressure check: the request these spans describe has already been served, and its record
+    must not be refused. The batch is as durable as any other and the same worker turns it into spans.
+    """
+    body = orjson.dumps([_span_document(span) for span in spans])
+    return _batch_store(
+        api_key=api_key,
+        source=BatchSource.SPANS,
+        content_type="application/json",
+        content_encoding="",
+        body=body,
+        span_count=len(spans),
+    )
+
+
+def _span_document(span: otlp.Span) -> dict[str, Any]:
+    record = span_record(span)
+    document = {item.name: getattr(record, item.name) for item in dataclasses.fields(record) if item.name != "data"}
+    document["cost_usd"] = None if record.cost_usd is None else str(record.cost_usd)
+    document["data"] = record.data
+    return document
+
+
+def _span_from_document(document: dict[str, Any]) -> otlp.Span:
+    data = orjson.loads(document.pop("data"))
+    if document.get("cost_usd") is not None:
+        document["cost_usd"] = Decimal(document["cost_usd"])
+    return span_from_record(document, data)
+
+
 # --- Processing batches ----------------------------------------------------------------------------
 
 
@@ -249,6 +281,8 @@ def _batch_spans(batch: IngestBatch) -> list[otlp.Span]:
     if batch.source == BatchSource.JSON:
         documents = trajectory_json.documents_parse(orjson.loads(body))
         return [span for document in documents for span in trajectory_json.document_spans(document)]
+    if batch.source == BatchSource.SPANS:
+        return [_span_from_document(document) for document in orjson.loads(body)]
     request = otlp.decode_request(
         body,
         batch.content_type,
