@@ -533,4 +533,7 @@ def demo_seed() -> Workspace:
 
     tracing_demo.demo_traces_seed(workspace)
     tracing_demo.demo_triage_seed(workspace)
+    from routing import demo as routing_demo  # the gateway builds on tracing; import it here too
+
+    routing_demo.demo_routing_seed(workspace)
     return workspace

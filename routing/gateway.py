@@ -1,1 +1,631 @@
-"""Placeholder until this module is written (routing issue, in progress)."""
+"""The gateway: one OpenAI chat request in, routed, executed, recorded, answered.
+
+For `model: "agent/<slug>"` the agent's production prompt is applied, the router picks a tier from the
+agent's requirements (derived configuration) and router settings, the semantic cache may answer, the tier
+runs, and a `RoutingDecision` plus the request's spans are stored before the answer leaves: every
+request, failed ones included, becomes a trajectory. Any other `model` names a model target alias, which
+is proxied as one recorded call.
+
+Precondition for both entry points: the key has the `gateway` scope (the HTTP layer checks it).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import orjson
+from django.db import transaction
+
+from agent_registry import prompts
+from agent_registry.models import Agent, ApiKey, PromptType, PromptVersion
+from config.errors import KeelError, ValidationFailed
+from routing import cache, providers, router, selectors, tiers
+from routing.chat import ChatCompletionRequest, chunk_body, completion_body
+from routing.models import (
+    ModelTarget,
+    OutcomeStatus,
+    RouterConfig,
+    RoutingDecision,
+    ShadowRun,
+    TierChoice,
+)
+from routing.recording import TraceRecorder, trace_id_new
+from tracing import services as tracing_services
+
+logger = logging.getLogger("routing.gateway")
+
+AGENT_PREFIX = "agent/"
+REQUEST_TEXT_LIMIT = 4000
+_TRIGGER_KINDS = {
+    "keywords": "keywords",
+    "intent": "intent",
+    "amount_over": "amount_over",
+    "low_confidence": "low_confidence",
+    "signal": "signal",
+}
+
+
+class MissingPromptVariables(ValidationFailed):
+    code = "missing_variables"
+
+
+@dataclass(slots=True)
+class GatewayAnswer:
+    body: dict[str, Any]
+    trace_id: str
+    tier: str | None
+
+
+@dataclass(slots=True)
+class _Plan:
+    """Everything decided before a tier runs."""
+
+    api_key: ApiKey
+    request: ChatCompletionRequest
+    recorder: TraceRecorder
+    conversation_id: str
+    agent: Agent | None = None
+    config: RouterConfig | None = None
+    prompt_version: PromptVersion | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    decision: router.Decision | None = None
+    embedding: list[float] | None = None
+    request_text: str = ""
+    context: tiers.TierContext | None = None
+    cache_target: ModelTarget | None = None
+    system_hash: str = ""
+    cache_reason: str = ""
+    enabled_tiers: tuple[str, ...] = ()
+    started: float = field(default_factory=time.perf_counter)
+
+
+# --- Planning ----------------------------------------------------------------------------------------
+
+
+def _variables(request: ChatCompletionRequest, version: PromptVersion) -> dict[str, Any]:
+    defaults = version.config.get("variables") if isinstance(version.config, dict) else None
+    variables: dict[str, Any] = dict(defaults) if isinstance(defaults, dict) else {}
+    metadata = request.metadata or {}
+    if isinstance(metadata.get("prompt_variables"), dict):
+        variables.update(metadata["prompt_variables"])
+    variables.update(request.variables or {})
+    return variables
+
+
+def _system_messages(version: PromptVersion, variables: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The production prompt's system part, rendered. A chat prompt's turn templates are for the agent's
+    own application; through the gateway the caller's messages are the turns."""
+    template: Any = version.template
+    if version.type == PromptType.CHAT:
+        template = [item for item in version.template if item.get("role") in ("system", "developer")]
+        if not template:
+            return []
+    try:
+        rendered = prompts.template_render(template, variables)
+    except prompts.MissingVariables as error:
+        names = ", ".join(error.names)
+        raise MissingPromptVariables(
+            f"the production prompt {version.prompt.name} v{version.version} needs variables: {names}; send them "
+            'as "variables" in the request body (the openai client\'s extra_body)',
+            errors=[{"field": f"variables.{name}", "message": "required by the prompt"} for name in error.names],
+        ) from None
+    if isinstance(rendered, str):
+        return [{"role": "system", "content": rendered}]
+    return [dict(message) for message in rendered]
+
+
+def _rules(requirements_rules: Sequence[Mapping[str, Any]], config: RouterConfig | None) -> tuple[router.Rule, ...]:
+    rules = [
+        router.Rule(
+            name=f"requirements: {rule['trigger']} {rule['value']}",
+            kind=_TRIGGER_KINDS.get(str(rule["trigger"]), str(rule["trigger"])),
+            value=str(rule["value"]),
+            to_tier=str(rule["to_tier"]),
+            reason=str(rule.get("reason") or ""),
+        )
+        for rule in requirements_rules
+    ]
+    for rule in (config.rules if config else None) or []:
+        if isinstance(rule, Mapping):
+            rules.append(
+                router.Rule(
+                    name=str(rule.get("name") or rule.get("kind")),
+                    kind=str(rule.get("kind")),
+                    value=str(rule.get("value", "")),
+                    to_tier=str(rule.get("to_tier")),
+                    reason=str(rule.get("reason") or ""),
+                )
+            )
+    return tuple(rules)
+
+
+def _policy(agent: Agent, config: RouterConfig | None) -> tuple[router.Policy, dict[str, dict[str, Any]]]:
+    """The router's policy from the requirements' derived configuration and the router settings."""
+    derived = selectors.derived_configuration(agent=agent)
+    answers = selectors.requirements_of(agent=agent) if derived is not None else None
+    budgets: dict[str, dict[str, Any]] = {}
+    if derived is None or answers is None or not derived.router.value.get("tiers"):
+        tiers_enabled: tuple[str, ...] = (TierChoice.SINGLE_CALL.value,)
+        mode, default, signal, escalation = "single_level", TierChoice.SINGLE_CALL.value, "rules", []
+        cost_ceiling, latency_budget, single_cost = None, None, None
+    else:
+        value = derived.router.value
+        tiers_enabled = tuple(value["tiers"])
+        mode, default, signal = value["mode"], value["default_tier"], value["signal"]
+        escalation = value["escalation_rules"]
+        budgets = {budget["tier"]: budget for budget in derived.tier_budgets.value}
+        cost_ceiling = float(answers.constraints.cost.per_request_ceiling_usd)
+        latency_budget = float(answers.constraints.latency.hard_ceiling_ms)
+        single = answers.constraints.cost.single_call_cost_usd
+        single_cost = None if single is None else float(single)
+    policy = router.Policy(
+        mode=mode,
+        tiers=tiers_enabled,
+        default_tier=default,
+        signal=signal,
+        rules=_rules(escalation, config),
+        intents={str(k): tuple(v) for k, v in ((config.intents if config else None) or {}).items()},
+        profiles=router.default_profiles(tiers_enabled, single_cost, latency_budget),
+        cost_weight=config.cost_weight if config else 0.3,
+        latency_weight=config.latency_weight if config else 0.2,
+        risk_weight=config.risk_weight if config else 0.1,
+        neighbours=config.neighbours if config else 20,
+        min_neighbours=config.min_neighbours if config else 8,
+        cost_ceiling_usd=cost_ceiling,
+        latency_budget_ms=latency_budget,
+    )
+    return policy, budgets
+
+
+def _plan_agent(plan: _Plan, agent: Agent) -> None:
+    request = plan.request
+    plan.agent = agent
+    plan.config = selectors.router_config_find(agent=agent)
+    plan.prompt_version = selectors.production_prompt_version(agent=agent)
+    client_messages = request.messages_json()
+    variables: dict[str, Any] = {}
+    if plan.prompt_version is not None:
+        variables = _variables(request, plan.prompt_version)
+        plan.messages = _system_messages(plan.prompt_version, variables) + client_messages
+        plan.recorder.prompt_name = plan.prompt_version.prompt.name
+        plan.recorder.prompt_version = str(plan.prompt_version.version)
+    else:
+        plan.messages = client_messages
+
+    policy, budgets = _policy(agent, plan.config)
+    plan.enabled_tiers = policy.tiers
+    has_tools = bool(request.tools) or any(m.get("role") == "tool" or m.get("tool_calls") for m in client_messages)
+    last_role = client_messages[-1].get("role")
+    conversation_tier = (
+        selectors.conversation_tier(agent=agent, conversation_id=plan.conversation_id) if last_role == "tool" else None
+    )
+    router_request = router.Request(messages=client_messages, has_tools=has_tools, conversation_tier=conversation_tier)
+    plan.request_text = router.request_text(client_messages)[:REQUEST_TEXT_LIMIT]
+    started = time.perf_counter()
+    needs_embedding = policy.mode != "single_level" or (plan.config is not None and plan.config.cache_enabled)
+    if needs_embedding:
+        embedding = cache.request_embed(
+            text=plan.request_text, target=plan.config.embedding_target if plan.config else None
+        )
+        plan.embedding = embedding.vector
+    neighbours: list[router.Neighbour] = []
+    if plan.embedding is not None and policy.mode != "single_level" and conversation_tier is None:
+        neighbours = selectors.routing_neighbours(agent=agent, embedding=plan.embedding, limit=policy.neighbours)
+    routed = time.perf_counter()
+    plan.decision = router.route(router_request, policy, neighbours)
+    plan.decision.features["router_us"] = int((time.perf_counter() - routed) * 1_000_000)
+    plan.decision.features["lookup_us"] = int((routed - started) * 1_000_000)
+    budget = budgets.get(plan.decision.tier, {})
+    plan.context = tiers.TierContext(
+        agent=agent,
+        config=plan.config,
+        recorder=plan.recorder,
+        conversation_id=plan.conversation_id,
+        end_user=request.user,
+        variables=variables,
+        tools=request.tools_json(),
+        parameters=request.parameters(),
+        time_budget_ms=budget.get("time_budget_ms"),
+        max_steps=budget.get("max_steps"),
+        routing_reason=plan.decision.reason,
+    )
+    _decision_span(plan)
+
+
+# --- Recording ---------------------------------------------------------------------------------------
+
+
+def _decision_span(plan: _Plan) -> None:
+    decision = plan.decision
+    assert decision is not None
+    plan.recorder.span(
+        name=f"router: {decision.tier}",
+        span_type="other",
+        start_ns=plan.recorder.started_ns,
+        end_ns=plan.recorder.started_ns + int(decision.features.get("router_us", 0)) * 1000,
+        output={"tier": decision.tier, "method": decision.method, "rule": decision.rule, "reason": decision.reason},
+        metadata={"features": decision.features, "estimates": decision.estimates_json()},
+    )
+
+
+def _record(
+    plan: _Plan,
+    *,
+    output: Any,
+    status: str,
+    result: tiers.TierResult | None,
+    error: KeelError | None = None,
+    cache_hit: bool = False,
+) -> RoutingDecision | None:
+    """Store the decision and the request's spans in one transaction; returns the decision."""
+    decision = plan.decision
+    tags = ["gateway"]
+    metadata: dict[str, Any] = {"model": plan.request.model}
+    if decision is not None:
+        tags.append(f"tier:{decision.tier}")
+        metadata |= {"tier": decision.tier, "routing_method": decision.method, "routing_reason": decision.reason}
+    if cache_hit:
+        tags.append("cache_hit")
+        metadata["cache_hit"] = True
+    if plan.cache_reason:
+        metadata["cache"] = plan.cache_reason
+    error_type = result.error_type if result else None
+    error_message = result.error_message if result else None
+    if error is not None:
+        error_type, error_message = error.code, error.detail
+    spans = plan.recorder.finish(
+        name=plan.request.model,
+        input_messages=plan.request.messages_json(),
+        output=output,
+        status="ok" if status == "ok" else "error",
+        error_type=error_type,
+        error_message=error_message,
+        tags=tags,
+        metadata=metadata,
+    )
+    latency_ms = int((time.perf_counter() - plan.started) * 1000)
+    with transaction.atomic():
+        row = None
+        if plan.agent is not None and decision is not None:
+            cost = result.cost_usd if result else None
+            row = RoutingDecision.objects.create(
+                workspace_id=plan.agent.workspace_id,
+                agent=plan.agent,
+                trace_id=plan.recorder.trace_id,
+                conversation_id=plan.conversation_id,
+                request_text=plan.request_text,
+                embedding=plan.embedding,
+                features=decision.features,
+                estimates=decision.estimates_json(),
+                tier=decision.tier,
+                method=decision.method,
+                rule=decision.rule[:200],
+                reason=decision.reason,
+                decision_us=int(decision.features.get("router_us", 0)),
+                cache_hit=cache_hit,
+                status=OutcomeStatus.OK if status == "ok" else OutcomeStatus.ERROR,
+                latency_ms=latency_ms,
+                cost_usd=None if cost is None else Decimal(str(cost)),
+            )
+            if result is not None and result.handoff is not None:
+                type(result.handoff).objects.filter(pk=result.handoff.pk).update(decision=row)
+        tracing_services.ingest_spans_accept(api_key=plan.api_key, spans=spans)
+    return row
+
+
+def _shadow_maybe(plan: _Plan, row: RoutingDecision | None, result: tiers.TierResult) -> None:
+    """Send a sampled share of requests through another automated tier too, off the caller's path."""
+    from routing import tasks
+
+    config, context = plan.config, plan.context
+    if row is None or config is None or context is None or config.shadow_rate <= 0 or row.cache_hit:
+        return
+    if row.tier == TierChoice.HUMAN or random.random() >= config.shadow_rate:  # noqa: S311 - sampling, not security
+        return
+    others = [tier for tier in plan.enabled_tiers if tier not in (TierChoice.HUMAN, row.tier)]
+    if not others:
+        return
+    # The tier nearest to the chosen one in cost says most about whether the choice was right.
+    order = [tier.value for tier in TierChoice]
+    shadow_tier = min(others, key=lambda tier: abs(order.index(tier) - order.index(row.tier)))
+    shadow = ShadowRun.objects.create(
+        decision=row,
+        tier=shadow_tier,
+        request={
+            "messages": plan.messages,
+            "tools": list(context.tools),
+            "parameters": dict(context.parameters),
+            "variables": dict(context.variables),
+            "time_budget_ms": context.time_budget_ms,
+            "max_steps": context.max_steps,
+        },
+        primary_answer=result.message,
+    )
+    transaction.on_commit(lambda: tasks.shadow_run_execute.delay(shadow.pk))
+
+
+# --- Executing ---------------------------------------------------------------------------------------
+
+
+def _answer(plan: _Plan, result: tiers.TierResult, *, cache_hit: bool = False) -> dict[str, Any]:
+    decision = plan.decision
+    return completion_body(
+        completion_id=f"chatcmpl-{plan.recorder.trace_id}",
+        model=plan.request.model,
+        message=result.message,
+        finish_reason=result.finish_reason,
+        input_tokens=result.input_tokens,
+        output_tokens=result.output_tokens,
+        keel={
+            "trace_id": plan.recorder.trace_id,
+            "tier": decision.tier if decision else None,
+            "routing_reason": decision.reason if decision else None,
+            "cache_hit": cache_hit,
+            **({"handoff_id": result.handoff.pk} if result.handoff else {}),
+            **({"error": {"type": result.error_type, "message": result.error_message}} if result.error_type else {}),
+        },
+    )
+
+
+def _cache_check(plan: _Plan) -> tiers.TierResult | None:
+    """Answer from the semantic cache when the request may be cached and a similar one was."""
+    decision, config, agent = plan.decision, plan.config, plan.agent
+    assert decision is not None
+    assert agent is not None
+    eligible, reason = cache.cache_eligibility(
+        config=config,
+        tier=decision.tier,
+        has_tools=bool(decision.features.get("has_tools")),
+        end_user=plan.request.user,
+    )
+    plan.cache_reason = reason
+    if (
+        not eligible
+        or config is None
+        or plan.embedding is None
+        or decision.tier
+        not in (
+            TierChoice.SINGLE_CALL,
+            TierChoice.CHAIN,
+        )
+    ):
+        return None
+    plan.cache_target = tiers.target_for_tier(agent=agent, config=config, tier=TierChoice.SINGLE_CALL)
+    system = "\n".join(str(m.get("content")) for m in plan.messages if m.get("role") in ("system", "developer"))
+    plan.system_hash = cache.system_hash(f"{decision.tier}\n{system}")
+    started = time.time_ns()
+    found = cache.cache_lookup(
+        agent=agent,
+        model_target=plan.cache_target,
+        prompt_version=plan.prompt_version,
+        system_prompt_hash=plan.system_hash,
+        embedding=plan.embedding,
+        threshold=config.cache_threshold,
+    )
+    if found is None:
+        plan.recorder.span(name="cache lookup: miss", span_type="retriever", start_ns=started)
+        return None
+    entry, similarity = found
+    cache.cache_hit_record(
+        entry=entry, trace_id=plan.recorder.trace_id, request_text=plan.request_text, similarity=similarity
+    )
+    plan.cache_reason = (
+        f"answered from the cache (similarity {similarity:.3f} to the request of trace {entry.trace_id})"
+    )
+    plan.recorder.span(
+        name="cache lookup: hit",
+        span_type="retriever",
+        start_ns=started,
+        output=entry.response.get("message"),
+        metadata={"cache_entry": entry.pk, "similarity": round(similarity, 4), "original_trace_id": entry.trace_id},
+    )
+    return tiers.TierResult(
+        message=dict(entry.response.get("message") or {"role": "assistant", "content": ""}), finish_reason="stop"
+    )
+
+
+def _cache_store_maybe(plan: _Plan, result: tiers.TierResult) -> None:
+    if plan.cache_target is None or plan.agent is None or plan.config is None or plan.embedding is None:
+        return
+    if result.status != "ok" or result.message.get("tool_calls") or result.finish_reason != "stop":
+        return
+    cache.cache_store(
+        agent=plan.agent,
+        model_target=plan.cache_target,
+        prompt_version=plan.prompt_version,
+        system_prompt_hash=plan.system_hash,
+        request_text=plan.request_text,
+        embedding=plan.embedding,
+        response={
+            "message": result.message,
+            "input_tokens": result.input_tokens,
+            "output_tokens": result.output_tokens,
+        },
+        trace_id=plan.recorder.trace_id,
+        ttl_seconds=plan.config.cache_ttl_seconds,
+    )
+
+
+def _plan(*, api_key: ApiKey, request: ChatCompletionRequest, conversation_id: str) -> tuple[_Plan, ModelTarget | None]:
+    conversation_id = conversation_id or (request.metadata or {}).get("conversation_id") or ""
+    model = request.model
+    agent_slug = model[len(AGENT_PREFIX) :] if model.startswith(AGENT_PREFIX) else None
+    agent = selectors.gateway_agent_get(api_key=api_key, slug=agent_slug) if agent_slug else None
+    target = None if agent else selectors.gateway_target_get(workspace=api_key.workspace, alias=model)
+    plan = _Plan(
+        api_key=api_key,
+        request=request,
+        recorder=TraceRecorder(
+            trace_id=trace_id_new(),
+            agent_name=agent.slug if agent else None,
+            session_id=str(conversation_id) or None,
+            user_id=request.user,
+        ),
+        conversation_id=str(conversation_id)[:200],
+    )
+    if agent is not None:
+        _plan_agent(plan, agent)
+    else:
+        plan.messages = request.messages_json()
+    return plan, target
+
+
+def _proxy(plan: _Plan, target: ModelTarget) -> tiers.TierResult:
+    parameters = plan.request.parameters()
+    if plan.request.tools:
+        parameters["tools"] = plan.request.tools_json()
+    started = time.time_ns()
+    try:
+        completion = providers.completion(target=target, messages=plan.messages, parameters=parameters)
+    except providers.ProviderFailed as error:
+        plan.recorder.failed_generation(error, model=target.model, messages=plan.messages, start_ns=started)
+        raise
+    plan.recorder.generation(completion, messages=plan.messages, tools=plan.request.tools_json())
+    return tiers.TierResult(
+        message=completion.message, finish_reason=completion.finish_reason, completions=[completion], steps=1
+    )
+
+
+def _execute(plan: _Plan, target: ModelTarget | None) -> dict[str, Any]:
+    """Run a planned request to the end, record it, and return the answer's body."""
+    result: tiers.TierResult | None = None
+    cache_hit = False
+    try:
+        if target is not None:
+            result = _proxy(plan, target)
+        else:
+            assert plan.decision is not None
+            assert plan.context is not None
+            result = _cache_check(plan)
+            cache_hit = result is not None
+            if result is None:
+                result = tiers.TIERS[plan.decision.tier](plan.context, plan.messages)
+    except KeelError as error:
+        _record(plan, output=None, status="error", result=result, error=error)
+        raise
+    row = _record(plan, output=[result.message], status=result.status, result=result, cache_hit=cache_hit)
+    if not cache_hit:
+        _cache_store_maybe(plan, result)
+    _shadow_maybe(plan, row, result)
+    return _answer(plan, result, cache_hit=cache_hit)
+
+
+def chat_completion(*, api_key: ApiKey, request: ChatCompletionRequest, conversation_id: str = "") -> GatewayAnswer:
+    """Serve one non-streamed chat request. Raises KeelError subclasses (404 unknown model, 422 missing
+    prompt variables, 409 tier not configured, 502 provider failed) after recording the failure."""
+    plan, target = _plan(api_key=api_key, request=request, conversation_id=conversation_id)
+    body = _execute(plan, target)
+    return GatewayAnswer(body=body, trace_id=plan.recorder.trace_id, tier=body["keel"]["tier"])
+
+
+# --- Streaming ---------------------------------------------------------------------------------------
+
+
+def _sse(data: Any) -> bytes:
+    return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+def _stream_whole(body: dict[str, Any]) -> Iterator[bytes]:
+    """A finished answer as a stream: the role, the content, the finish reason, the usage."""
+    completion_id, model = body["id"], body["model"]
+    choice = body["choices"][0]
+    message = choice["message"]
+    yield _sse(chunk_body(completion_id=completion_id, model=model, delta={"role": "assistant"}, finish_reason=None))
+    if message.get("content"):
+        yield _sse(
+            chunk_body(
+                completion_id=completion_id, model=model, delta={"content": message["content"]}, finish_reason=None
+            )
+        )
+    if message.get("tool_calls"):
+        calls = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+        yield _sse(
+            chunk_body(completion_id=completion_id, model=model, delta={"tool_calls": calls}, finish_reason=None)
+        )
+    last = chunk_body(completion_id=completion_id, model=model, delta={}, finish_reason=choice["finish_reason"])
+    last["usage"], last["keel"] = body["usage"], body["keel"]
+    yield _sse(last)
+    yield b"data: [DONE]\n\n"
+
+
+def chat_completion_stream(
+    *, api_key: ApiKey, request: ChatCompletionRequest, conversation_id: str = ""
+) -> tuple[str, Iterator[bytes]]:
+    """Serve a streamed chat request as server-sent events; returns the trace id and the event stream.
+
+    The single-call tier and plain proxying stream from the provider as it answers; other tiers, and
+    cache hits, run to the end and are then sent as a stream. Errors before the first event raise like
+    `chat_completion`; a provider that cuts the stream ends it with an error event, and the request is
+    recorded either way.
+    """
+    plan, target = _plan(api_key=api_key, request=request, conversation_id=conversation_id)
+    decision = plan.decision
+    streams_live = target is not None or (decision is not None and decision.tier == TierChoice.SINGLE_CALL)
+    if streams_live and decision is not None:
+        cached = _cache_check(plan)
+        if cached is not None:
+            _record(plan, output=[cached.message], status="ok", result=cached, cache_hit=True)
+            return plan.recorder.trace_id, _stream_whole(_answer(plan, cached, cache_hit=True))
+    if not streams_live:
+        return plan.recorder.trace_id, _stream_whole(_execute(plan, None))
+    live_target = target or tiers.target_for_tier(agent=plan.agent, config=plan.config, tier=TierChoice.SINGLE_CALL)  # type: ignore[arg-type]
+    parameters = plan.request.parameters()
+    if plan.request.tools:
+        parameters["tools"] = plan.request.tools_json()
+    state = providers.StreamState()
+    started = time.time_ns()
+    try:
+        chunks = providers.completion_stream(
+            target=live_target, messages=plan.messages, parameters=parameters, state=state
+        )
+        first = next(chunks, None)
+    except providers.ProviderFailed as error:
+        plan.recorder.failed_generation(error, model=live_target.model, messages=plan.messages, start_ns=started)
+        _record(plan, output=None, status="error", result=None, error=error)
+        raise
+    return plan.recorder.trace_id, _stream_live(plan, live_target, first, chunks, state)
+
+
+def _stream_live(
+    plan: _Plan,
+    target: ModelTarget,
+    first: dict[str, Any] | None,
+    chunks: Iterator[dict[str, Any]],
+    state: providers.StreamState,
+) -> Iterator[bytes]:
+    completion_id = f"chatcmpl-{plan.recorder.trace_id}"
+    try:
+        chunk = first
+        while chunk is not None:
+            chunk["id"], chunk["model"] = completion_id, plan.request.model
+            yield _sse(chunk)
+            chunk = next(chunks, None)
+        if state.error:
+            yield _sse(
+                {
+                    "error": {
+                        "message": f"the model provider cut the stream: {state.error}",
+                        "type": "provider_error",
+                        "code": "stream_interrupted",
+                    }
+                }
+            )
+        yield b"data: [DONE]\n\n"
+    finally:
+        completion = state.completion()
+        plan.recorder.generation(completion, messages=plan.messages, tools=plan.request.tools_json())
+        result = tiers.TierResult(
+            message=completion.message, finish_reason=completion.finish_reason, completions=[completion], steps=1
+        )
+        if state.error:
+            result.status, result.error_type, result.error_message = "error", "stream_interrupted", state.error
+        row = _record(plan, output=[completion.message], status=result.status, result=result)
+        if result.status == "ok":
+            _cache_store_maybe(plan, result)
+        _shadow_maybe(plan, row, result)

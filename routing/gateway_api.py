@@ -1,1 +1,139 @@
-"""Placeholder until this module is written (routing issue, in progress)."""
+"""The OpenAI-compatible gateway's HTTP layer: `POST /v1/chat/completions` and `GET /v1/models`.
+
+Plain Django views rather than ninja operations: the errors must be OpenAI's JSON (the `openai` client
+reads `error.message`), and a streamed answer is a `text/event-stream`. Keel's `detail` and `code` travel
+beside OpenAI's `error`. The conversation id comes from the `X-Keel-Conversation-Id` header (or
+`metadata.conversation_id`); the answer carries `X-Keel-Trace-Id` and `X-Keel-Tier`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import orjson
+from django.conf import settings
+from django.db import DatabaseError
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_POST
+from pydantic import ValidationError
+
+from agent_registry.auth import api_key_from_headers
+from agent_registry.models import ApiKey, Scope
+from config.errors import KeelError
+from routing import gateway, selectors
+from routing.chat import ChatCompletionRequest, error_body
+
+logger = logging.getLogger("routing.gateway_api")
+
+CONVERSATION_HEADER = "X-Keel-Conversation-Id"
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    502: "api_error",
+    503: "api_error",
+}
+
+
+def _error(status: int, message: str, code: str, param: str | None = None, **extra: Any) -> JsonResponse:
+    body = error_body(message, type_=_ERROR_TYPES.get(status, "api_error"), code=code, param=param)
+    body.update(extra)
+    response = JsonResponse(body, status=status)
+    if status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="keel"'
+    return response
+
+
+def _keel_error(error: KeelError) -> JsonResponse:
+    extra = {key: value for key, value in error.extra.items() if key in ("errors", "attempts")}
+    return _error(error.status, error.detail, error.code, **extra)
+
+
+def _authenticate(request: HttpRequest) -> ApiKey | JsonResponse:
+    try:
+        api_key = api_key_from_headers(request, Scope.GATEWAY)
+    except KeelError as error:
+        return _keel_error(error)
+    if api_key is None:
+        return _error(401, "a valid API key is required: Authorization: Bearer <key>", "unauthenticated")
+    return api_key
+
+
+def _parse(request: HttpRequest) -> ChatCompletionRequest | JsonResponse:
+    limit: int = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    body = request.read(limit + 1)
+    if len(body) > limit:
+        return _error(413, f"the body is over the limit of {limit} bytes", "payload_too_large")
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        return _error(400, f"the body is not valid JSON: {error}", "invalid_json")
+    if not isinstance(payload, dict):
+        return _error(400, "the body must be a JSON object", "invalid_request")
+    try:
+        return ChatCompletionRequest.model_validate(payload)
+    except ValidationError as error:
+        first = error.errors()[0]
+        param = ".".join(str(part) for part in first["loc"])
+        errors = [{"field": ".".join(map(str, e["loc"])), "message": e["msg"]} for e in error.errors()[:20]]
+        return _error(400, f"{param}: {first['msg']}", "invalid_request", param=param, errors=errors)
+
+
+@csrf_exempt
+@require_POST
+def chat_completions_api(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
+    api_key = _authenticate(request)
+    if isinstance(api_key, JsonResponse):
+        return api_key
+    chat = _parse(request)
+    if isinstance(chat, JsonResponse):
+        return chat
+    conversation_id = request.headers.get(CONVERSATION_HEADER, "")
+    try:
+        if chat.stream:
+            trace_id, events = gateway.chat_completion_stream(
+                api_key=api_key, request=chat, conversation_id=conversation_id
+            )
+            stream = StreamingHttpResponse(events, content_type="text/event-stream")
+            stream["Cache-Control"] = "no-cache"
+            stream["X-Keel-Trace-Id"] = trace_id
+            return stream
+        answer = gateway.chat_completion(api_key=api_key, request=chat, conversation_id=conversation_id)
+    except KeelError as error:
+        return _keel_error(error)
+    except DatabaseError:
+        logger.exception("routing.gateway_database_unavailable")
+        response = _error(503, "storage is unavailable; retry shortly", "unavailable")
+        response["Retry-After"] = "2"
+        return response
+    response = JsonResponse(answer.body)
+    response["X-Keel-Trace-Id"] = answer.trace_id
+    if answer.tier:
+        response["X-Keel-Tier"] = answer.tier
+    return response
+
+
+@csrf_exempt
+@require_GET
+def models_api(request: HttpRequest) -> HttpResponse:
+    api_key = _authenticate(request)
+    if isinstance(api_key, JsonResponse):
+        return api_key
+    agents, targets = selectors.gateway_models(api_key=api_key)
+    created = int(time.time())
+    data = [
+        {"id": f"{gateway.AGENT_PREFIX}{agent.slug}", "object": "model", "created": created, "owned_by": "keel:agent"}
+        for agent in agents
+    ] + [
+        {"id": target.alias, "object": "model", "created": created, "owned_by": f"keel:target:{target.model}"}
+        for target in targets
+    ]
+    return JsonResponse({"object": "list", "data": data})

@@ -251,6 +251,10 @@ class ShadowRun(models.Model):
 
     decision = models.ForeignKey(RoutingDecision, on_delete=models.CASCADE, related_name="shadows")
     tier = models.CharField(max_length=16, choices=TierChoice.choices)
+    # What the primary request sent (messages with the system prompt, tools, parameters, variables) and
+    # answered, so the shadow can run and be judged without reading the primary trajectory back.
+    request = models.JSONField(default=dict)
+    primary_answer = models.JSONField(default=dict)
     trace_id = models.CharField(max_length=32, blank=True)
     status = models.CharField(max_length=8, choices=ShadowStatus.choices, default=ShadowStatus.PENDING)
     attempts = models.PositiveSmallIntegerField(default=0)

@@ -1,1 +1,398 @@
-"""Placeholder until this module is written (routing issue, in progress)."""
+"""Calling model targets through litellm: retries, fallbacks and cooldowns, and one shape for what came back.
+
+A call tries its target up to `1 + max_retries` times on errors that may pass (timeouts, rate limits,
+5xx, dropped connections), then each fallback alias in order with its own retries. A target that failed
+`failure_threshold` times in a row rests for `cooldown_seconds` (skipped unless nothing else is left).
+Errors that will not pass by retrying (a 400, bad credentials) stop at once. When every target failed,
+`ProviderFailed` carries each attempt's error, and the gateway answers 502 with them.
+
+litellm is imported on first use: it takes seconds to import and only processes that call models need it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.db.models import F
+from django.utils import timezone
+from openai import OpenAIError
+
+from config import crypto
+from routing import demo_provider
+from config.errors import KeelError
+from routing.models import ModelTarget
+from tracing import pricing
+
+logger = logging.getLogger("routing.providers")
+
+# litellm maps every provider's errors onto openai's exception classes; a transport error can still
+# escape as httpx's own.
+_PROVIDER_ERRORS = (OpenAIError, httpx.HTTPError)
+
+# Parameters of an OpenAI chat request that are passed on to the provider as they came.
+PASSTHROUGH_PARAMETERS = (
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "n",
+    "logit_bias",
+    "user",
+    "parallel_tool_calls",
+)
+
+
+class ProviderFailed(KeelError):
+    """Every target (with retries and fallbacks) failed; `attempts` says how each one did."""
+
+    status = 502
+    code = "provider_error"
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    alias: str
+    model: str
+    error: str
+    status_code: int | None
+    retryable: bool
+
+
+@dataclass(slots=True)
+class Completion:
+    """One model answer in OpenAI's terms, and what it cost."""
+
+    message: dict[str, Any]
+    finish_reason: str
+    model: str
+    alias: str
+    input_tokens: int | None
+    output_tokens: int | None
+    cost_usd: Decimal | None
+    started_ns: int
+    ended_ns: int
+    attempts: list[Attempt] = field(default_factory=list)
+
+    @property
+    def latency_ms(self) -> int:
+        return max(0, (self.ended_ns - self.started_ns) // 1_000_000)
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        return list(self.message.get("tool_calls") or [])
+
+    @property
+    def text(self) -> str:
+        content = self.message.get("content")
+        return content if isinstance(content, str) else ""
+
+
+def _status_code(error: Exception) -> int | None:
+    code = getattr(error, "status_code", None)
+    return code if isinstance(code, int) else None
+
+
+def _retryable(error: Exception) -> bool:
+    import litellm.exceptions as errors
+
+    if isinstance(
+        error,
+        (
+            errors.Timeout,
+            errors.RateLimitError,
+            errors.ServiceUnavailableError,
+            errors.InternalServerError,
+            errors.APIConnectionError,
+        ),
+    ):
+        return True
+    code = _status_code(error)
+    return code is None or code >= 500 or code in (408, 409, 429)
+
+
+def call_arguments(target: ModelTarget) -> dict[str, Any]:
+    """What litellm needs to reach the target, its key decrypted."""
+    arguments: dict[str, Any] = {"model": target.model, "timeout": target.timeout_seconds}
+    if target.api_base:
+        arguments["api_base"] = target.api_base
+    if target.api_key_encrypted:
+        arguments["api_key"] = crypto.decrypt(target.api_key_encrypted)
+    return arguments
+
+
+def _in_cooldown(target: ModelTarget, now: Any) -> bool:
+    return target.cooldown_until is not None and target.cooldown_until > now
+
+
+def targets_in_order(target: ModelTarget) -> list[ModelTarget]:
+    """The target and its fallbacks (by alias, same workspace, enabled), those in cooldown last."""
+    chain = [target]
+    if target.fallbacks:
+        by_alias = {
+            fallback.alias: fallback
+            for fallback in ModelTarget.objects.filter(
+                workspace_id=target.workspace_id, alias__in=target.fallbacks, enabled=True
+            )
+        }
+        chain += [by_alias[alias] for alias in target.fallbacks if alias in by_alias and alias != target.alias]
+    now = timezone.now()
+    return sorted(chain, key=lambda candidate: _in_cooldown(candidate, now))
+
+
+def _failure_record(target: ModelTarget, error: str) -> None:
+    ModelTarget.objects.filter(pk=target.pk).update(
+        consecutive_failures=F("consecutive_failures") + 1, last_error=error[:2000]
+    )
+    target.refresh_from_db(fields=["consecutive_failures"])
+    if target.consecutive_failures >= target.failure_threshold:
+        until = timezone.now() + timedelta(seconds=target.cooldown_seconds)
+        ModelTarget.objects.filter(pk=target.pk).update(cooldown_until=until)
+        target.cooldown_until = until
+        logger.warning("routing.target_cooldown", extra={"alias": target.alias, "until": until.isoformat()})
+
+
+def _success_record(target: ModelTarget) -> None:
+    # Only a target that had failed is written to: a healthy one costs no query per request.
+    if target.consecutive_failures or target.cooldown_until is not None:
+        ModelTarget.objects.filter(pk=target.pk).update(consecutive_failures=0, cooldown_until=None)
+        target.consecutive_failures = 0
+        target.cooldown_until = None
+
+
+def _message_dict(message: Any) -> dict[str, Any]:
+    tool_calls = []
+    for call in getattr(message, "tool_calls", None) or []:
+        function = call.function
+        tool_calls.append(
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": function.name, "arguments": function.arguments or "{}"},
+            }
+        )
+    result: dict[str, Any] = {"role": "assistant", "content": getattr(message, "content", None)}
+    if tool_calls:
+        result["tool_calls"] = tool_calls
+    return result
+
+
+def _usage(response: Any) -> tuple[int | None, int | None]:
+    usage = getattr(response, "usage", None)
+    if usage is None:
+        return None, None
+    return getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
+
+
+def cost_of(model: str, input_tokens: int | None, output_tokens: int | None) -> Decimal | None:
+    return pricing.generation_cost(model, input_tokens, output_tokens)
+
+
+def _request(
+    target: ModelTarget, messages: Sequence[Mapping[str, Any]], parameters: Mapping[str, Any]
+) -> dict[str, Any]:
+    if target.model.startswith(f"{demo_provider.PROVIDER}/") and settings.KEEL_DEMO_PROVIDER:
+        demo_provider.register()
+    # Keel retries and falls back itself (num_retries=0). With tools, litellm 1.106 otherwise imports its
+    # proxy's MCP gateway, which needs the `mcp` package that only litellm[proxy] installs; Keel never
+    # sends MCP tools.
+    return {
+        **call_arguments(target),
+        "messages": list(messages),
+        "num_retries": 0,
+        "_skip_mcp_handler": True,
+        **parameters,
+    }
+
+
+def _attempts_detail(attempts: Sequence[Attempt]) -> str:
+    return "; ".join(f"{a.alias}: {a.error}" for a in attempts[-3:])
+
+
+def completion(
+    *, target: ModelTarget, messages: Sequence[Mapping[str, Any]], parameters: Mapping[str, Any] | None = None
+) -> Completion:
+    """One chat completion from the target or its fallbacks. Raises ProviderFailed."""
+    import litellm
+
+    parameters = dict(parameters or {})
+    attempts: list[Attempt] = []
+    for candidate in targets_in_order(target):
+        for _ in range(1 + candidate.max_retries):
+            started = time.time_ns()
+            try:
+                response = litellm.completion(**_request(candidate, messages, parameters))
+            except _PROVIDER_ERRORS as error:
+                retryable = _retryable(error)
+                text = f"{type(error).__name__}: {error}"[:1000]
+                attempts.append(Attempt(candidate.alias, candidate.model, text, _status_code(error), retryable))
+                _failure_record(candidate, text)
+                if not retryable:
+                    raise ProviderFailed(
+                        f"the model provider refused the request: {text}",
+                        attempts=[_attempt_json(a) for a in attempts],
+                    ) from None
+                continue
+            ended = time.time_ns()
+            _success_record(candidate)
+            choice = response.choices[0]
+            input_tokens, output_tokens = _usage(response)
+            model = getattr(response, "model", None) or candidate.model
+            return Completion(
+                message=_message_dict(choice.message),
+                finish_reason=choice.finish_reason or "stop",
+                model=candidate.model,
+                alias=candidate.alias,
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+                cost_usd=cost_of(candidate.model, input_tokens, output_tokens)
+                or cost_of(model, input_tokens, output_tokens),
+                started_ns=started,
+                ended_ns=ended,
+                attempts=attempts,
+            )
+    raise ProviderFailed(
+        f"every model target failed ({len(attempts)} attempts): {_attempts_detail(attempts)}",
+        attempts=[_attempt_json(a) for a in attempts],
+    )
+
+
+def _attempt_json(attempt: Attempt) -> dict[str, Any]:
+    return {"target": attempt.alias, "error": attempt.error, "status_code": attempt.status_code}
+
+
+@dataclass(slots=True)
+class StreamState:
+    """What a stream delivered so far, for the trajectory once it ends."""
+
+    content: list[str] = field(default_factory=list)
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    finish_reason: str = ""
+    model: str = ""
+    alias: str = ""
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    started_ns: int = 0
+    ended_ns: int = 0
+    error: str = ""
+    attempts: list[Attempt] = field(default_factory=list)
+
+    def message(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
+        if self.tool_calls:
+            message["tool_calls"] = [self.tool_calls[index] for index in sorted(self.tool_calls)]
+        return message
+
+    def completion(self) -> Completion:
+        return Completion(
+            message=self.message(),
+            finish_reason=self.finish_reason or ("error" if self.error else "stop"),
+            model=self.model,
+            alias=self.alias,
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            cost_usd=cost_of(self.model, self.input_tokens, self.output_tokens),
+            started_ns=self.started_ns,
+            ended_ns=self.ended_ns or time.time_ns(),
+            attempts=self.attempts,
+        )
+
+
+def _stream_absorb(state: StreamState, chunk: dict[str, Any]) -> None:
+    for choice in chunk.get("choices") or ():
+        delta = choice.get("delta") or {}
+        if delta.get("content"):
+            state.content.append(delta["content"])
+        for call in delta.get("tool_calls") or ():
+            index = call.get("index", 0)
+            slot = state.tool_calls.setdefault(
+                index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+            )
+            slot["id"] = call.get("id") or slot["id"]
+            function = call.get("function") or {}
+            slot["function"]["name"] += function.get("name") or ""
+            slot["function"]["arguments"] += function.get("arguments") or ""
+        if choice.get("finish_reason"):
+            state.finish_reason = choice["finish_reason"]
+    usage = chunk.get("usage")
+    if usage:
+        state.input_tokens = usage.get("prompt_tokens", state.input_tokens)
+        state.output_tokens = usage.get("completion_tokens", state.output_tokens)
+
+
+def completion_stream(
+    *,
+    target: ModelTarget,
+    messages: Sequence[Mapping[str, Any]],
+    parameters: Mapping[str, Any] | None,
+    state: StreamState,
+) -> Iterator[dict[str, Any]]:
+    """Chunks of a streamed completion (OpenAI `chat.completion.chunk` dicts), recorded into `state`.
+
+    Opening the stream is retried and falls back like `completion` (raising ProviderFailed before any
+    chunk); once chunks flow, a provider error ends the stream: `state.error` says why, and the caller
+    closes the stream with an error event.
+    """
+    import litellm
+
+    request_parameters = {**(parameters or {}), "stream": True, "stream_options": {"include_usage": True}}
+    for candidate in targets_in_order(target):
+        for _ in range(1 + candidate.max_retries):
+            state.started_ns = time.time_ns()
+            try:
+                stream = litellm.completion(**_request(candidate, messages, request_parameters))
+                iterator = iter(stream)
+                first = next(iterator, None)
+            except _PROVIDER_ERRORS as error:
+                retryable = _retryable(error)
+                text = f"{type(error).__name__}: {error}"[:1000]
+                state.attempts.append(Attempt(candidate.alias, candidate.model, text, _status_code(error), retryable))
+                _failure_record(candidate, text)
+                if not retryable:
+                    raise ProviderFailed(
+                        f"the model provider refused the request: {text}",
+                        attempts=[_attempt_json(a) for a in state.attempts],
+                    ) from None
+                continue
+            _success_record(candidate)
+            state.model, state.alias = candidate.model, candidate.alias
+            yield from _stream_chunks(state, first, iterator)
+            return
+    raise ProviderFailed(
+        f"every model target failed ({len(state.attempts)} attempts): {_attempts_detail(state.attempts)}",
+        attempts=[_attempt_json(a) for a in state.attempts],
+    )
+
+
+def _chunk_dict(chunk: Any) -> dict[str, Any]:
+    if isinstance(chunk, dict):
+        return chunk
+    data: dict[str, Any] = json.loads(chunk.model_dump_json(exclude_none=True))
+    return data
+
+
+def _stream_chunks(state: StreamState, first: Any, iterator: Iterator[Any]) -> Iterator[dict[str, Any]]:
+    chunk = first
+    try:
+        while chunk is not None:
+            data = _chunk_dict(chunk)
+            _stream_absorb(state, data)
+            yield data
+            chunk = next(iterator, None)
+    except _PROVIDER_ERRORS as error:  # a stream cut by the provider
+        state.error = f"{type(error).__name__}: {error}"[:1000]
+        logger.warning("routing.stream_cut", extra={"alias": state.alias, "error": state.error})
+    finally:
+        state.ended_ns = time.time_ns()

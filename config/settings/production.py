@@ -7,6 +7,7 @@ from config.settings.components.database import DATABASE_EMBEDDED
 from config.settings.env import env_bool, env_int, env_str
 
 DEBUG = False
+KEEL_DEMO_PROVIDER = env_bool("KEEL_DEMO_PROVIDER", False)
 
 SECRET_KEY = env_str("DJANGO_SECRET_KEY")
 if len(SECRET_KEY) < 32:

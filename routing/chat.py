@@ -1,0 +1,149 @@
+"""The OpenAI chat-completions request as the gateway accepts it, and the response shapes it returns.
+
+Validation is pydantic's; the gateway answers a body that fails it with 400 and OpenAI's error JSON
+(`{"error": {"message", "type", "param", "code"}}`), plus Keel's `detail` and `code`. Fields the gateway
+does not know are ignored, as OpenAI-compatible servers do. Keel's one extension is `variables`: values
+for the agent's production prompt (send it with the openai client's `extra_body`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str = "{}"
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str = Field(min_length=1, max_length=200)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Role
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = Field(default=None, max_length=200)
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = Field(default=None, max_length=200)
+
+    @field_validator("content")
+    @classmethod
+    def _parts_have_a_type(cls, value: Any) -> Any:
+        if isinstance(value, list) and not all(isinstance(part.get("type"), str) for part in value):
+            raise ValueError("each content part needs a 'type'")
+        return value
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str = Field(min_length=1, max_length=300)
+    messages: list[Message] = Field(min_length=1, max_length=2000)
+    tools: list[Tool] | None = Field(default=None, max_length=128)
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    max_tokens: int | None = Field(default=None, gt=0)
+    max_completion_tokens: int | None = Field(default=None, gt=0)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    n: int | None = Field(default=None, ge=1, le=1)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    user: str | None = Field(default=None, max_length=200)
+    parallel_tool_calls: bool | None = None
+    metadata: dict[str, Any] | None = None
+    variables: dict[str, Any] | None = None
+
+    def messages_json(self) -> list[dict[str, Any]]:
+        return [message.model_dump(exclude_none=True) for message in self.messages]
+
+    def tools_json(self) -> list[dict[str, Any]]:
+        return [tool.model_dump(exclude_none=True) for tool in self.tools or ()]
+
+    def parameters(self) -> dict[str, Any]:
+        """What is passed on to the model as given."""
+        names = (
+            "tool_choice",
+            "response_format",
+            "temperature",
+            "top_p",
+            "max_tokens",
+            "max_completion_tokens",
+            "stop",
+            "seed",
+            "presence_penalty",
+            "frequency_penalty",
+            "parallel_tool_calls",
+        )
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+
+def error_body(message: str, *, type_: str, code: str, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error JSON, with Keel's `detail` and `code` beside it."""
+    return {
+        "error": {"message": message, "type": type_, "param": param, "code": code},
+        "detail": message,
+        "code": code,
+    }
+
+
+def completion_body(
+    *,
+    completion_id: str,
+    model: str,
+    message: dict[str, Any],
+    finish_reason: str,
+    input_tokens: int,
+    output_tokens: int,
+    keel: dict[str, Any],
+) -> dict[str, Any]:
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
+        "usage": {
+            "prompt_tokens": input_tokens,
+            "completion_tokens": output_tokens,
+            "total_tokens": input_tokens + output_tokens,
+        },
+        "keel": keel,
+    }
+
+
+def chunk_body(*, completion_id: str, model: str, delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
+    return {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+    }
