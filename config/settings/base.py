@@ -33,6 +33,11 @@ CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS")
 KEEL_PUBLIC_URL = env_str("KEEL_PUBLIC_URL", "http://127.0.0.1:8000")
 KEEL_VERSION = "0.1.0"
 
+# Model targets the operator declares (routing/services.py: model_targets_sync_from_env): a JSON list of
+# {"alias", "model", "api_base"?, "api_key"?, "tier"?, "timeout_seconds"?, "max_retries"?, "fallbacks"?},
+# put in every workspace by `manage.py modeltargets_sync`, read-only in the API and dashboard.
+KEEL_MODEL_TARGETS = env_str("KEEL_MODEL_TARGETS")
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
