@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from typing import Any
 
 import pytest
@@ -604,43 +603,14 @@ def test_odd_messages_route_to_the_default_tier(messages: Any) -> None:
     assert decision.features["chars"] == 0
 
 
-def test_a_huge_conversation_routes_quickly() -> None:
+def test_a_huge_conversation_is_routed_on_its_bounded_text() -> None:
+    # Speed is measured in bench/bench_gateway.py; here only that the size changes nothing.
     messages = [{"role": "user", "content": "That's not what I asked. " * 2000}] * 500
     policy = make_policy(rules=(rule("signal", "misalignment"),))
 
-    started = time.perf_counter()
     decision = route(Request(messages=messages), policy, [])
-    elapsed = time.perf_counter() - started
 
     assert decision.tier == "human"
-    assert elapsed < 0.5
-
-
-def test_routing_takes_well_under_a_millisecond() -> None:
-    policy = make_policy(
-        rules=(
-            rule("keywords", "cancel, unsubscribe"),
-            rule("pattern", r"order\s+#?\d+"),
-            rule("amount_over", "500"),
-            rule("stakes", "safety"),
-            rule("signal", "disengagement"),
-        ),
-        intents={"billing": ("invoice", "charge"), "shipping": ("parcel", "delivery")},
-    )
-    request = ask(
-        "Hi", "I was charged $40 for a delivery that never came. Can you check the invoice and then refund it?"
-    )
-    similar = neighbours("single_call", 0.6, 10, similarity=0.8) + neighbours("chain", 0.85, 10, similarity=0.7)
-
-    # The best of five rounds, so a busy machine does not fail the test.
-    rounds = []
-    for _ in range(5):
-        started = time.perf_counter()
-        for _ in range(200):
-            route(request, policy, similar)
-        rounds.append((time.perf_counter() - started) / 200)
-
-    assert min(rounds) < 0.001
 
 
 # --- Priors ------------------------------------------------------------------------------------
