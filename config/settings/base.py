@@ -37,6 +37,9 @@ KEEL_VERSION = "0.1.0"
 # {"alias", "model", "api_base"?, "api_key"?, "tier"?, "timeout_seconds"?, "max_retries"?, "fallbacks"?},
 # put in every workspace by `manage.py modeltargets_sync`, read-only in the API and dashboard.
 KEEL_MODEL_TARGETS = env_str("KEEL_MODEL_TARGETS")
+# The demo's fake model provider (routing/demo_provider.py) serves targets named `keel-demo/...`, so the
+# demo gateway answers with no model server; off in production.
+KEEL_DEMO_PROVIDER = env_bool("KEEL_DEMO_PROVIDER", True)
 
 INSTALLED_APPS = [
     "django.contrib.admin",

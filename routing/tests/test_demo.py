@@ -1,0 +1,51 @@
+"""The demo's gateway traffic: produced by the gateway on the demo's fake provider, varied enough to show
+every routing page, and seeded once however often `demo_seed` runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_registry import demo as registry_demo
+from routing import demo
+from routing.models import CacheHit, Handoff, RoutingDecision, ShadowRun
+from tracing.models import Trajectory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def seeded():
+    return registry_demo.demo_seed()
+
+
+def test_the_demo_traffic_shows_every_tier_method_and_outcome(seeded):
+    decisions = RoutingDecision.objects.filter(workspace=seeded)
+
+    assert decisions.count() == len(demo.RIDE_WAVE) + len(demo.SHOPPING_WAVE) + len(demo.RIDE_SECOND_WAVE)
+    ride = decisions.filter(agent__slug="ride-support")
+    assert set(ride.values_list("tier", flat=True)) == {"single_call", "chain", "human"}
+    assert {"rule", "estimate", "cold_start"} <= set(ride.values_list("method", flat=True))
+    assert set(decisions.filter(agent__slug="shopping-assistant").values_list("tier", flat=True)) == {"single_call"}
+    assert decisions.filter(cache_hit=True).exists()
+    assert decisions.filter(quality__isnull=False).count() >= 20
+    assert ShadowRun.objects.filter(decision__workspace=seeded, status="done", quality__isnull=False).exists()
+    assert Handoff.objects.filter(workspace=seeded, status="resolved").count() == 1
+    assert Handoff.objects.filter(workspace=seeded).count() == 3
+    assert CacheHit.objects.filter(workspace=seeded, false_hit__isnull=False).count() == 1
+
+
+def test_every_request_is_a_trajectory_of_its_agent(seeded):
+    trace_ids = set(RoutingDecision.objects.filter(workspace=seeded).values_list("trace_id", flat=True))
+    gateway = Trajectory.objects.filter(workspace=seeded, tags__contains=["gateway"]).exclude(tags__contains=["shadow"])
+
+    assert set(gateway.values_list("trace_id", flat=True)) == trace_ids
+    assert all(t.agent is not None for t in gateway.select_related("agent"))
+
+
+def test_seeding_again_sends_nothing(seeded):
+    before = RoutingDecision.objects.count()
+
+    assert demo.demo_routing_seed(seeded) == 0
+    registry_demo.demo_seed()
+
+    assert RoutingDecision.objects.count() == before
