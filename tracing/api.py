@@ -90,6 +90,9 @@ class TrajectoryDetailOut(TrajectoryOut):
     metadata: dict[str, Any]
     task_id: str
     reward: float | None
+    signal_errors: list[dict[str, str]] = Field(
+        description="detectors that failed on this trajectory ({detector, message}); the other signals still ran"
+    )
 
 
 class TrajectoryListQuery(Schema):
@@ -212,6 +215,7 @@ def _detail_out(trajectory: Trajectory, document: dict[str, Any]) -> dict[str, A
         "metadata": trajectory.metadata,
         "task_id": trajectory.task_id,
         "reward": trajectory.reward,
+        "signal_errors": trajectory.signal_errors,
     }
 
 

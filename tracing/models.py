@@ -431,6 +431,32 @@ class TriageSettings(models.Model):
         return f"triage settings of {self.agent}"
 
 
+class ToolResultShape(models.Model):
+    """How often an agent's tool returned a result of one shape (`tracing.signals.tool_result_shape`):
+    the history `silent_tool_api_change` compares new results with. Ingest adds to `count` as tool
+    results arrive (tracing.services.spans_write); only successful, non-empty results are counted."""
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="tool_result_shapes")
+    tool_name = models.CharField(max_length=300)
+    # SHA-256 of the shape's canonical JSON: a shape can have thousands of keys, too long for a btree key.
+    shape_key = models.CharField(max_length=64)
+    shape = models.JSONField()  # key path -> JSON type name
+    count = models.PositiveBigIntegerField()
+    first_seen = models.DateTimeField(db_default=Now())
+    last_seen = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints: ClassVar = [
+            models.UniqueConstraint(
+                fields=["agent", "tool_name", "shape_key"], name="tool_result_shape_unique_per_agent_tool"
+            ),
+            models.CheckConstraint(condition=Q(count__gte=1), name="tool_result_shape_count_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool_name} result shape {self.shape_key[:8]} ({self.count})"
+
+
 class ReviewStrategy(models.TextChoices):
     SIGNAL = "signal", "Signal-based"
     RANDOM = "random", "Random"

@@ -22,6 +22,7 @@ from tracing.models import (
     Replay,
     Score,
     Span,
+    ToolResultShape,
     Trajectory,
     TrajectoryStatus,
 )
@@ -183,6 +184,21 @@ def trace_spans(*, workspace_id: int, trace_ids: Collection[str]) -> dict[str, l
 
 def trajectory_spans(*, trajectory: Trajectory) -> list[otlp.Span]:
     return trace_spans(workspace_id=trajectory.workspace_id, trace_ids=[trajectory.trace_id])[trajectory.trace_id]
+
+
+def tool_result_shape_counts(*, agent_id: int, min_count: int) -> dict[str, dict[str, tuple[dict[str, str], int]]]:
+    """The agent's tool result shapes seen at least `min_count` times: tool -> shape key -> (shape, count).
+
+    `agent_id` comes from a row already scoped to its workspace (a trajectory's agent)."""
+    found: dict[str, dict[str, tuple[dict[str, str], int]]] = {}
+    rows = (
+        ToolResultShape.objects.filter(agent_id=agent_id, count__gte=min_count)
+        .order_by("tool_name", "-count", "shape_key")
+        .values_list("tool_name", "shape_key", "shape", "count")
+    )
+    for tool_name, shape_key, shape, count in rows:
+        found.setdefault(tool_name, {})[shape_key] = (shape, count)
+    return found
 
 
 def trajectory_view(*, trajectory: Trajectory) -> TrajectoryView:

@@ -12,11 +12,12 @@ that trajectory's row lock. A batch whose worker died stays `processing` until i
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -43,6 +44,7 @@ from tracing.models import (
     ScoreDataType,
     ScoreSource,
     Span,
+    ToolResultShape,
     Trajectory,
 )
 from tracing.records import json_dumps, span_from_record, span_record
@@ -425,26 +427,110 @@ class _AgentResolver:
         return agent_id
 
 
+# --- Triage configuration and the tool result shape history ------------------------------------------
+
+# A shape is history once other trajectories returned it this often: a one-off result (a rare optional
+# field, a test call) must not define what the tool normally returns.
+TOOL_SHAPE_HISTORY_MIN_COUNT = 5
+# Distinct shapes counted per agent and tool. A tool whose result keys are data (ids, dates) has a new
+# shape on every call; past this many, only the shapes already counted grow.
+TOOL_SHAPE_HISTORY_MAX_SHAPES = 50
+
+
+def _storable_shape(shape: Mapping[str, str]) -> dict[str, str]:
+    """The shape as jsonb can hold it: no NUL characters, no lone surrogates (parsed JSON can have both)."""
+    if all(key.isascii() and "\x00" not in key for key in shape):
+        return dict(shape)
+    return {key.encode("utf-8", "replace").decode().replace("\x00", "\ufffd"): kind for key, kind in shape.items()}
+
+
+def _shape_key(shape: Mapping[str, str]) -> str:
+    return hashlib.sha256(orjson.dumps(shape, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class _ShapeHistory:
+    """An agent's tool result shapes counted at least TOOL_SHAPE_HISTORY_MIN_COUNT times:
+    tool -> shape key -> (shape, count)."""
+
+    shapes: Mapping[str, Mapping[str, tuple[dict[str, str], int]]]
+
+    def for_trajectory(
+        self, seen: Sequence[signals.ResultShape], counted: Collection[str] | None
+    ) -> dict[str, list[Mapping[str, str]]]:
+        """The history a trajectory whose results have the shapes `seen` is judged by.
+
+        Ingest counts a trajectory's results as they arrive, so the results carried by spans of earlier
+        batches (`counted`: their span ids; None: all, as on a recompute) are in the counts already. They
+        are taken out again, or a trajectory repeating a changed shape would make it its own history.
+        """
+        tools = {result.tool_name for result in seen if result.tool_name in self.shapes}
+        if not tools:
+            return {}
+        own: Counter[tuple[str, str]] = Counter(
+            (result.tool_name, _shape_key(_storable_shape(result.shape)))
+            for result in seen
+            if result.tool_name in tools and (counted is None or result.span_id in counted)
+        )
+        history: dict[str, list[Mapping[str, str]]] = {}
+        for tool_name in tools:
+            shapes: list[Mapping[str, str]] = [
+                shape
+                for key, (shape, count) in self.shapes[tool_name].items()
+                if count - own[tool_name, key] >= TOOL_SHAPE_HISTORY_MIN_COUNT
+            ]
+            if shapes:
+                history[tool_name] = shapes
+        return history
+
+
+def _signal_config_and_history(agent_id: int) -> tuple[signals.SignalConfig, _ShapeHistory]:
+    history = _ShapeHistory(
+        selectors.tool_result_shape_counts(agent_id=agent_id, min_count=TOOL_SHAPE_HISTORY_MIN_COUNT)
+    )
+    config = _signal_settings_for_agent(agent_id)
+    if history.shapes:
+        config = dataclasses.replace(
+            config,
+            tool_result_shapes={
+                tool_name: [shape for shape, _ in counted.values()] for tool_name, counted in history.shapes.items()
+            },
+        )
+    return config, history
+
+
 class _SignalConfigs:
-    """Each agent's triage settings, read once per batch: the limits its requirements set (the agentic
-    step limit, the latency ceiling) make `exhaustion` fire where the agent actually stops."""
+    """Each agent's triage settings and tool result history, read once per batch: the limits its
+    requirements set (the agentic step limit, the latency ceiling) make `exhaustion` fire where the agent
+    actually stops. The shapes a batch records count from the next batch on."""
 
-    def __init__(self, workspace: Workspace) -> None:
-        self.workspace = workspace
-        self.cache: dict[int, signals.SignalConfig] = {}
+    def __init__(self) -> None:
+        self.cache: dict[int, tuple[signals.SignalConfig, _ShapeHistory]] = {}
 
-    def get(self, agent_id: int | None) -> signals.SignalConfig | None:
+    def report(
+        self, agent_id: int | None, view: TrajectoryView, counted: Collection[str] | None
+    ) -> signals.SignalReport:
+        """The trajectory's signals, judged by its agent's configuration and tool result history (see
+        `_ShapeHistory.for_trajectory` for `counted`); the report carries the shapes of its results."""
         if agent_id is None:
-            return None
+            return signals.signals_compute(view)
         if agent_id not in self.cache:
-            self.cache[agent_id] = signal_config_for_agent(agent_id)
-        return self.cache[agent_id]
+            self.cache[agent_id] = _signal_config_and_history(agent_id)
+        config, history = self.cache[agent_id]
+        return signals.signals_compute(
+            view, config, tool_result_history=lambda seen: history.for_trajectory(seen, counted)
+        )
 
 
 def signal_config_for_agent(agent_id: int) -> signals.SignalConfig:
     """The agent's triage configuration: the limits its requirements set (the agentic step limit, the
     latency ceiling), then what its `TriageSettings` change (phrases, language, weights, thresholds,
-    token limits, hand-off tools; merged by tracing.triage_config)."""
+    token limits, hand-off tools; merged by tracing.triage_config), and the history of its tools'
+    result shapes (each shape counted at least TOOL_SHAPE_HISTORY_MIN_COUNT times)."""
+    return _signal_config_and_history(agent_id)[0]
+
+
+def _signal_settings_for_agent(agent_id: int) -> signals.SignalConfig:
     from agent_registry import requirements
     from tracing import triage_config
     from tracing.models import TriageSettings
@@ -564,7 +650,10 @@ def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence
     )
     prompt_versions = _prompt_versions(workspace, (s for trace in by_trace.values() for s in trace.values()))
     agents = _AgentResolver(workspace, api_key)
-    signal_configs = _SignalConfigs(workspace)
+    signal_configs = _SignalConfigs()
+    # (agent id, tool name, shape key) -> results of that shape the batch's new spans carry
+    shape_counts: Counter[tuple[int, str, str]] = Counter()
+    shapes: dict[str, dict[str, str]] = {}
 
     new_rows: list[tuple[Any, ...]] = []
     new_spans: list[otlp.Span] = []
@@ -616,7 +705,15 @@ def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence
         if agent_id is None:
             agent_id = agents.resolve(view.agent_name)
         # Triage as the spans arrive: a trajectory's signals are current whenever it is read.
-        report = signals.signals_compute(view, signal_configs.get(agent_id))
+        report = signal_configs.report(agent_id, view, counted=known)
+        if agent_id is not None:
+            fresh_ids = {span.span_id for span in fresh}
+            for result in report.result_shapes:
+                if result.span_id in fresh_ids and len(result.tool_name) <= _TOOL_NAME_LENGTH:
+                    shape = _storable_shape(result.shape)
+                    key = _shape_key(shape)
+                    shapes[key] = shape
+                    shape_counts[agent_id, result.tool_name, key] += 1
         updates.append(
             _trajectory_values(trajectory_id, agent_id, view, _trajectory_metadata(trace_spans), report, now)
         )
@@ -635,8 +732,67 @@ def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence
                 "SELECT * FROM unnest(%s::bigint[], %s::bigint[]) ON CONFLICT DO NOTHING",
                 [[t for t, _ in pairs], [p for _, p in pairs]],
             )
+        if shape_counts:
+            # Last, so the history rows other batches of the agent update stay locked only until the commit.
+            _tool_result_shapes_record(cursor, shape_counts, shapes, now)
     langfuse_bridge.langfuse_export_spans(workspace_id=workspace.pk, spans=new_spans)
     return len(new_rows)
+
+
+_TOOL_NAME_LENGTH = ToolResultShape._meta.get_field("tool_name").max_length or 0
+
+
+def _tool_result_shapes_record(
+    cursor: Any, counts: Counter[tuple[int, str, str]], shapes: Mapping[str, dict[str, str]], now: datetime
+) -> None:
+    """Add a batch's result shapes to the agents' histories, in one statement.
+
+    A shape not counted yet is added only while its tool has fewer than TOOL_SHAPE_HISTORY_MAX_SHAPES;
+    the batch itself brings at most that many new ones per tool, its most frequent.
+    """
+    per_tool: dict[tuple[int, str], list[tuple[int, str]]] = defaultdict(list)
+    for (agent_id, tool_name, key), count in counts.items():
+        per_tool[agent_id, tool_name].append((count, key))
+    # Sorted, so that batches updating the same rows lock them in one order and cannot deadlock.
+    rows = sorted(
+        (agent_id, tool_name, key, count)
+        for (agent_id, tool_name), found in per_tool.items()
+        for count, key in sorted(found, reverse=True)[:TOOL_SHAPE_HISTORY_MAX_SHAPES]
+    )
+    cursor.execute(
+        """
+        INSERT INTO tracing_toolresultshape AS s (agent_id, tool_name, shape_key, shape, count, first_seen, last_seen)
+        SELECT v.agent_id, v.tool_name, v.shape_key, v.shape::jsonb, v.count, %s, %s
+        FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::bigint[])
+            AS v(agent_id, tool_name, shape_key, shape, count)
+        WHERE CASE
+            WHEN EXISTS (
+                SELECT 1 FROM tracing_toolresultshape AS e
+                WHERE e.agent_id = v.agent_id AND e.tool_name = v.tool_name AND e.shape_key = v.shape_key
+            ) THEN true
+            ELSE (
+                SELECT count(*) FROM (
+                    SELECT 1 FROM tracing_toolresultshape AS e
+                    WHERE e.agent_id = v.agent_id AND e.tool_name = v.tool_name LIMIT %s
+                ) AS kept
+            ) < %s
+        END
+        ORDER BY v.agent_id, v.tool_name, v.shape_key
+        ON CONFLICT (agent_id, tool_name, shape_key)
+        DO UPDATE SET count = s.count + EXCLUDED.count, last_seen = EXCLUDED.last_seen
+        """,
+        [
+            now,
+            now,
+            [row[0] for row in rows],
+            [row[1] for row in rows],
+            [row[2] for row in rows],
+            [json_dumps(shapes[row[2]]) for row in rows],
+            [row[3] for row in rows],
+            TOOL_SHAPE_HISTORY_MAX_SHAPES,
+            TOOL_SHAPE_HISTORY_MAX_SHAPES,
+        ],
+    )
 
 
 _TRAJECTORY_UPDATE_COLUMNS = (
@@ -902,16 +1058,13 @@ def trajectory_signals_recompute(*, trajectory_ids: Sequence[int]) -> int:
     """Recompute the signals (and the stored view) of these trajectories from their spans, after the
     detectors, the weights or the step assembly changed; returns how many were updated."""
     updated = 0
-    configs: dict[int | None, signals.SignalConfig | None] = {}
+    configs = _SignalConfigs()
     for trajectory in Trajectory.objects.filter(pk__in=trajectory_ids).only(
         "pk", "trace_id", "agent_id", "workspace_id"
     ):
-        if trajectory.agent_id not in configs:
-            configs[trajectory.agent_id] = (
-                signal_config_for_agent(trajectory.agent_id) if trajectory.agent_id is not None else None
-            )
         view = selectors.trajectory_view(trajectory=trajectory)
-        report = signals.signals_compute(view, configs[trajectory.agent_id])
+        # Ingest has counted every result of the trajectory by now (`counted=None`); the counts stay.
+        report = configs.report(trajectory.agent_id, view, counted=None)
         Trajectory.objects.filter(pk=trajectory.pk).update(
             **signal_report_json(report), view_document=orjson.dumps(view_document(view), default=str).decode()
         )

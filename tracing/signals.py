@@ -576,6 +576,8 @@ class SignalReport:
     detector_errors: tuple[DetectorError, ...]
     counts: Mapping[str, int]  # signal -> number of instances, only signals that fired
     triage_score: float
+    # The shapes of the results `silent_tool_api_change` judges; only when a `tool_result_history` was given.
+    result_shapes: tuple[ResultShape, ...] = ()
 
     @property
     def signals(self) -> frozenset[str]:
@@ -1023,6 +1025,18 @@ def tool_result_shape(result: Any, *, max_keys: int = 100) -> dict[str, str]:
     return shape
 
 
+class ResultShape(NamedTuple):
+    """The shape of one tool result (`tool_result_shape`), and the span that carried the result."""
+
+    tool_name: str
+    shape: dict[str, str]
+    span_id: str
+
+
+# Given the shapes of a trajectory's results, the history to compare them with (see `signals_compute`).
+ShapeHistory = Callable[[Sequence[ResultShape]], Mapping[str, Sequence[Mapping[str, str]]]]
+
+
 def _json_type(value: Any) -> str:
     if value is None:
         return "null"
@@ -1202,9 +1216,10 @@ class _Analysis:
     A property that raises fails only the detectors that read it.
     """
 
-    def __init__(self, view: TrajectoryView, config: SignalConfig) -> None:
+    def __init__(self, view: TrajectoryView, config: SignalConfig, history: ShapeHistory | None = None) -> None:
         self.view = view
         self.config = config
+        self.history = history
         self.limits = config.thresholds
         self.phrases = config.phrase_lists
         self._tokens: dict[int, list[str]] = {}
@@ -1358,6 +1373,22 @@ class _Analysis:
                 )
             )
         return calls
+
+    @_Lazy
+    def result_shapes(self) -> list[ResultShape]:
+        """The shape of every result `detect_silent_tool_api_change` judges: not an error, not empty."""
+        # `calls` is built from the first `max_tool_calls` of `view.tool_calls`, in order.
+        return [
+            ResultShape(call.name, tool_result_shape(call.result), tool_call.span_id)
+            for tool_call, call in zip(self.view.tool_calls, self.calls, strict=False)
+            if call.error_kind is None and call.result is not None
+        ]
+
+    @_Lazy
+    def tool_result_history(self) -> Mapping[str, Sequence[Mapping[str, str]]]:
+        if self.history is None:
+            return self.config.tool_result_shapes
+        return self.history(self.result_shapes)
 
     def result_text(self, call: _Call) -> str:
         """A bounded text of the call's result, computed when first needed (results can be large)."""
@@ -2185,7 +2216,7 @@ def detect_goal_drift(analysis: _Analysis) -> list[SignalInstance]:
 
 
 def detect_silent_tool_api_change(analysis: _Analysis) -> list[SignalInstance]:
-    history = analysis.config.tool_result_shapes
+    history = analysis.tool_result_history
     if not history:
         return []
     found: list[SignalInstance] = []
@@ -2322,12 +2353,21 @@ def signals_compute(
     view: TrajectoryView,
     config: SignalConfig | None = None,
     *,
-    detectors: Sequence[tuple[str, Detector]] = DETECTORS,
+    detectors: Sequence[tuple[str, Detector]] | None = None,
+    tool_result_history: ShapeHistory | None = None,
 ) -> SignalReport:
-    """Run every detector on one trajectory. Never raises for odd trajectories: a detector that fails
-    is recorded in `detector_errors` and the others still run."""
+    """Run every detector (`DETECTORS` unless given) on one trajectory. Never raises for odd trajectories:
+    a detector that fails is recorded in `detector_errors` and the others still run.
+
+    `tool_result_history`, when given, replaces `config.tool_result_shapes`: it receives the shapes of
+    the trajectory's results and returns the history to compare them with, and the report carries
+    those shapes (`result_shapes`). A caller that keeps the history from past results can so leave the
+    trajectory's own out and record the new ones, from one pass over the results.
+    """
     config = config or DEFAULT_CONFIG
-    analysis = _Analysis(view, config)
+    # Read at call time, not bound as a default, so the registry is the one place that lists detectors.
+    detectors = DETECTORS if detectors is None else detectors
+    analysis = _Analysis(view, config, tool_result_history)
     instances: list[SignalInstance] = []
     errors: list[DetectorError] = []
     for name, detector in detectors:
@@ -2338,9 +2378,16 @@ def signals_compute(
     counts: dict[str, int] = {}
     for instance in instances:
         counts[instance.signal] = counts.get(instance.signal, 0) + 1
+    result_shapes: tuple[ResultShape, ...] = ()
+    if tool_result_history is not None:
+        try:
+            result_shapes = tuple(analysis.result_shapes)
+        except _DETECTOR_FAULTS as error:
+            errors.append(DetectorError(detector="result_shapes", message=f"{type(error).__name__}: {error}"[:500]))
     return SignalReport(
         instances=tuple(instances),
         detector_errors=tuple(errors),
         counts=MappingProxyType(counts),
         triage_score=triage_score(instances, config.weights),
+        result_shapes=result_shapes,
     )

@@ -4,7 +4,7 @@ import pytest
 
 from agent_registry import services as registry_services
 from agent_registry.tests.factories import AgentFactory
-from tracing import services
+from tracing import services, signals
 from tracing.models import Score, Trajectory
 from tracing.tests.agent_traces import refund_conversation
 
@@ -89,6 +89,31 @@ def test_the_detail_lists_each_calls_new_inputs_unless_asked_for_all(traces, wor
         {"trip_id": "T-1"},
         {"status": "cancelled"},
     )
+
+
+def test_the_detail_returns_the_detectors_that_failed(otel, workspace, api_client_for, monkeypatch):
+    def broken(analysis):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(
+        signals,
+        "DETECTORS",
+        tuple((name, broken if name == "loop" else detector) for name, detector in signals.DETECTORS),
+    )
+    trace_id = refund_conversation(otel.tracer(), tool_fails=True)
+    _ingest(otel, workspace)
+    client = api_client_for(workspace, scopes=["read"])
+
+    detail = client.get(f"/api/v1/trajectories/{trace_id}").json()
+
+    assert detail["signal_errors"] == [{"detector": "loop", "message": "ValueError: boom"}]
+    assert "failure" in [signal["signal"] for signal in detail["signals"]]
+
+
+def test_the_detail_of_a_trajectory_every_detector_read_has_no_signal_errors(traces, workspace, api_client_for):
+    client = api_client_for(workspace, scopes=["read"])
+
+    assert client.get(f"/api/v1/trajectories/{traces['b']}").json()["signal_errors"] == []
 
 
 def test_scores_are_added_and_bad_ones_refused(traces, workspace, api_client_for):
