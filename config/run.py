@@ -152,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     _manage("collectstatic", "--no-input", "-v", "0")
     if not options.no_seed:
         _manage("seed_demo")
+    if settings.KEEL_MODEL_TARGETS:
+        _manage("modeltargets_sync")  # the operator's model targets, in every workspace
     _say(f"prepared in {time.monotonic() - started:.1f} s")
 
     children = _children(options.host, options.port)

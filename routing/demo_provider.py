@@ -47,8 +47,12 @@ def _judge(messages: Sequence[Any]) -> str:
     return json.dumps({"reasoning": f"covers {overlap:.0%} of the request's terms", "score": score})
 
 
+def _first(messages: Sequence[Any], role: str) -> str:
+    return next((_text(m.get("content")) for m in messages if m.get("role") == role), "")
+
+
 def _answer(model: str, messages: Sequence[Any]) -> str:
-    request = _last(messages, "user")
+    request = _first(messages, "user")
     tool_results = [_text(m.get("content")) for m in messages if m.get("role") == "tool"]
     system = _text(messages[0].get("content")) if messages and messages[0].get("role") == "system" else ""
     if "output schema" in system.lower() or "classify" in system.lower():

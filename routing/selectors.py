@@ -22,11 +22,7 @@ class ModelNotFound(NotFound):
 def gateway_agent_get(*, api_key: ApiKey, slug: str) -> Agent:
     """The agent a key may call through the gateway (its workspace, within the key's agents)."""
     allowed = apikey_agent_ids(api_key=api_key)
-    agent = (
-        Agent.objects.select_related("current_requirements")
-        .filter(workspace_id=api_key.workspace_id, slug=slug)
-        .first()
-    )
+    agent = Agent.objects.filter(workspace_id=api_key.workspace_id, slug=slug).first()
     if agent is None or (allowed is not None and agent.pk not in allowed):
         raise ModelNotFound(f"there is no agent {slug!r} this key may call (model 'agent/{slug}')")
     return agent
@@ -68,12 +64,17 @@ def production_prompt_version(*, agent: Agent) -> PromptVersion | None:
 
 
 @lru_cache(maxsize=512)
-def _derived(version_id: int) -> requirements.DerivedConfiguration | None:
-    # Requirements versions are immutable, so their derived configuration can be kept per process.
+def _requirements(version_id: int) -> requirements.Requirements | None:
+    # Requirements versions are immutable, so their parsed answers (and what they derive) can be kept
+    # per process: the gateway reads them on every request.
     answers = RequirementsVersion.objects.filter(pk=version_id).values_list("answers", flat=True).first()
-    if answers is None:
-        return None
-    return requirements.derived_configuration(requirements.Requirements.model_validate(answers))
+    return None if answers is None else requirements.Requirements.model_validate(answers)
+
+
+@lru_cache(maxsize=512)
+def _derived(version_id: int) -> requirements.DerivedConfiguration | None:
+    answers = _requirements(version_id)
+    return None if answers is None else requirements.derived_configuration(answers)
 
 
 def derived_configuration(*, agent: Agent) -> requirements.DerivedConfiguration | None:
@@ -83,9 +84,9 @@ def derived_configuration(*, agent: Agent) -> requirements.DerivedConfiguration 
 
 
 def requirements_of(*, agent: Agent) -> requirements.Requirements | None:
-    if agent.current_requirements is None:
+    if agent.current_requirements_id is None:
         return None
-    return requirements.Requirements.model_validate(agent.current_requirements.answers)
+    return _requirements(agent.current_requirements_id)
 
 
 def routing_neighbours(*, agent: Agent, embedding: list[float], limit: int) -> list[router.Neighbour]:
