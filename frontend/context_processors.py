@@ -8,6 +8,7 @@ from django.http import HttpRequest
 from agent_registry import selectors
 from agent_registry.models import User
 from frontend.access import membership_can_edit, membership_can_manage_keys
+from routing import reports
 from tracing import alerts
 
 # The sidebar entry that a page belongs to, by the prefix of its URL name.
@@ -26,6 +27,10 @@ _SECTIONS = (
     ("session", "sessions"),
     ("review", "review"),
     ("alert", "alerts"),
+    ("model_target", "model_targets"),
+    ("routing_decision", "routing_decisions"),
+    ("handoff", "handoffs"),
+    ("cache", "cache_review"),
 )
 
 
@@ -55,5 +60,7 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
         can_manage_keys=membership_can_manage_keys(current),
         # The sidebar's badge: alerts nobody acknowledged yet.
         nav_open_alerts=alerts.alert_unacknowledged_count(workspace=current.workspace) if current is not None else 0,
+        # The hand-offs nobody has taken yet: people waiting for a person.
+        nav_open_handoffs=reports.handoff_open_count(workspace=current.workspace) if current is not None else 0,
     )
     return context

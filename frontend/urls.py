@@ -1,6 +1,6 @@
 from django.urls import URLPattern, URLResolver, include, path
 
-from frontend import alerts, review, settings_views, triage_views, views
+from frontend import alerts, review, routing_views, settings_views, triage_views, views
 
 app_name = "frontend"
 
@@ -19,6 +19,12 @@ agent_patterns: list[URLPattern | URLResolver] = [
     path("alert-rules/<int:rule_id>/", alerts.agent_alert_rule_edit_view, name="agent_alert_rule_edit"),
     path("alert-rules/<int:rule_id>/delete/", alerts.agent_alert_rule_delete_view, name="agent_alert_rule_delete"),
     path("settings/", settings_views.agent_settings_view, name="agent_settings"),
+    path("router/", routing_views.agent_router_view, name="agent_router"),
+    path("router/chain/", routing_views.agent_chain_save_view, name="agent_chain_save"),
+    path("router/tools/", routing_views.agent_tool_create_view, name="agent_tool_create"),
+    path("router/tools/<str:tool_name>/", routing_views.agent_tool_edit_view, name="agent_tool_edit"),
+    path("router/tools/<str:tool_name>/delete/", routing_views.agent_tool_delete_view, name="agent_tool_delete"),
+    path("router/report/", routing_views.agent_router_report_view, name="agent_router_report"),
 ]
 
 review_patterns: list[URLPattern | URLResolver] = [
@@ -49,6 +55,23 @@ integration_patterns: list[URLPattern | URLResolver] = [
     path("model-prices/", settings_views.model_price_set_view, name="model_price_set"),
 ]
 
+routing_patterns: list[URLPattern | URLResolver] = [
+    path("model-targets/", routing_views.model_target_list_view, name="model_target_list"),
+    path("model-targets/<slug:alias>/", routing_views.model_target_edit_view, name="model_target_edit"),
+    path("model-targets/<slug:alias>/delete/", routing_views.model_target_delete_view, name="model_target_delete"),
+    path("routing-decisions/", routing_views.routing_decision_list_view, name="routing_decision_list"),
+    path(
+        "routing-decisions/<int:decision_id>/",
+        routing_views.routing_decision_detail_view,
+        name="routing_decision_detail",
+    ),
+    path("handoffs/", routing_views.handoff_list_view, name="handoff_list"),
+    path("handoffs/<int:handoff_id>/claim/", routing_views.handoff_claim_view, name="handoff_claim"),
+    path("handoffs/<int:handoff_id>/resolve/", routing_views.handoff_resolve_view, name="handoff_resolve"),
+    path("cache-review/", routing_views.cache_review_view, name="cache_review"),
+    path("cache-review/hits/<int:hit_id>/", routing_views.cache_hit_review_view, name="cache_hit_review"),
+]
+
 workspace_patterns: list[URLPattern | URLResolver] = [
     path("", views.workspace_home_view, name="workspace_home"),
     path("agents/", views.agent_list_view, name="agent_list"),
@@ -66,6 +89,7 @@ workspace_patterns: list[URLPattern | URLResolver] = [
     path("keys/", views.apikey_list_view, name="apikey_list"),
     path("keys/<int:key_id>/revoke/", views.apikey_revoke_view, name="apikey_revoke"),
     path("integrations/", include(integration_patterns)),
+    path("", include(routing_patterns)),
 ]
 
 urlpatterns: list[URLPattern | URLResolver] = [

@@ -69,3 +69,7 @@ class HandoffConflict(Conflict):
     """The hand-off is not in a state that allows the change (claimed by someone else, already resolved)."""
 
     code = "handoff_conflict"
+
+
+class CacheHitNotFound(NotFound):
+    code = "cache_hit_not_found"

@@ -18,10 +18,11 @@ from django.utils import timezone
 from pydantic import ValidationError
 
 from agent_registry import requirements
-from agent_registry.models import Agent, RequirementsVersion, Workspace
+from agent_registry.models import Agent, PromptVersion, RequirementsVersion, Workspace
 from routing import evaluation, exceptions
 from routing.models import (
     AgentTool,
+    CacheHit,
     ChainStep,
     DecisionMethod,
     Handoff,
@@ -100,6 +101,15 @@ def chain_step_list(*, agent: Agent) -> QuerySet[ChainStep]:
         ChainStep.objects.filter(agent=agent)
         .select_related("prompt_version__prompt", "model_target")
         .order_by("position")
+    )
+
+
+def chain_prompt_versions(*, agent: Agent, limit: int = 200) -> QuerySet[PromptVersion]:
+    """The versions of the agent's prompts a chain step may use, newest first within each prompt."""
+    return (
+        PromptVersion.objects.filter(prompt__agent=agent)
+        .select_related("prompt")
+        .order_by("prompt__name", "-version")[:limit]
     )
 
 
@@ -236,6 +246,18 @@ def handoff_get(*, workspace: Workspace, handoff_id: int, agent_ids: AgentIds = 
 
 def handoff_open_count(*, workspace: Workspace) -> int:
     return Handoff.objects.filter(workspace=workspace, status=HandoffStatus.OPEN).count()
+
+
+# --- Cache hits -----------------------------------------------------------------------------------------
+
+
+def cache_hit_get(*, workspace: Workspace, hit_id: int) -> CacheHit:
+    hit = (
+        CacheHit.objects.filter(workspace=workspace, pk=hit_id).select_related("entry", "agent", "reviewed_by").first()
+    )
+    if hit is None:
+        raise exceptions.CacheHitNotFound(f"there is no cache hit {hit_id} in this workspace")
+    return hit
 
 
 # --- The router report -----------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Two workspaces, each with an agent that has requirements, a prompt with two versions, a key, a recorded
-trajectory with a pending replay, a paused Langfuse mirror with a failed delivery, a model price, and a
-client per role in the first."""
+trajectory with a pending replay, a paused Langfuse mirror with a failed delivery, a model price, a model
+target with a key, a router configuration with a chain step and a tool, a routing decision with a shadow
+run, an open hand-off and a cache hit, and a client per role in the first."""
 
 from __future__ import annotations
 
@@ -33,6 +34,18 @@ from agent_registry.tests.factories import (
     requirements_answers,
 )
 from frontend.tests import traces
+from routing import services as routing_services
+from routing.models import (
+    AgentTool,
+    CacheHit,
+    ChainStep,
+    Handoff,
+    ModelTarget,
+    RouterConfig,
+    RoutingDecision,
+    ShadowRun,
+)
+from routing.tests.factories import CacheEntryFactory, CacheHitFactory, RoutingDecisionFactory
 from tracing import langfuse_bridge, replay, triage
 from tracing import services as tracing_services
 from tracing.models import (
@@ -64,6 +77,11 @@ class Tenant:
     alert: Alert
     mirror: LangfuseMirror
     price: ModelPriceOverride
+    target: ModelTarget
+    tool: AgentTool
+    decision: RoutingDecision
+    handoff: Handoff
+    hit: CacheHit
 
 
 TENANT_LANGFUSE_SECRET = "sk-lf-tenant-secret"
@@ -126,6 +144,7 @@ def _tenant(workspace: Workspace, author: User) -> Tenant:
         created_by=author,
     )
     rule = AlertRuleFactory.create(agent=agent, name="Loop rate", signal="loop", min_trajectories=1)
+    target, tool, decision, handoff, hit = _routing(agent, trajectory)
     return Tenant(
         workspace=workspace,
         agent=agent,
@@ -143,7 +162,55 @@ def _tenant(workspace: Workspace, author: User) -> Tenant:
             input_usd_per_million=Decimal("2.5"),
             output_usd_per_million=Decimal("10"),
         ),
+        target=target,
+        tool=tool,
+        decision=decision,
+        handoff=handoff,
+        hit=hit,
     )
+
+
+TENANT_PROVIDER_KEY = "sk-tenant-provider-key"
+
+
+def _routing(agent: Agent, trajectory: Trajectory) -> tuple[ModelTarget, AgentTool, RoutingDecision, Handoff, CacheHit]:
+    """A target with a key serving the agent, a one-step chain, a tool, a decision on the recorded
+    trajectory with a judged shadow run, an open hand-off and a cache hit nobody judged yet."""
+    workspace = agent.workspace
+    target = routing_services.model_target_create(
+        workspace=workspace, alias="fast", model="openai/gpt-4o-mini", api_key=TENANT_PROVIDER_KEY
+    )
+    routing_services.router_config_update(agent=agent, single_call_target="fast", shadow_rate=0.1)
+    routing_services.chain_steps_set(agent=agent, steps=[{"name": "draft", "instructions": "Draft an answer."}])
+    tool = routing_services.agent_tool_create(agent=agent, name="lookup_trip", description="Find a trip")
+    decision = RoutingDecisionFactory.create(
+        workspace=workspace,
+        agent=agent,
+        trace_id=trajectory.trace_id,
+        request_text="I was charged twice for my ride",
+        tier="chain",
+        method="estimate",
+        status="ok",
+        quality=0.7,
+        cost_usd=Decimal("0.0021"),
+        latency_ms=900,
+        features={"words": 7, "money": True},
+        estimates={"single_call": {"quality": 0.5, "cost_usd": 0.001, "latency_ms": 400, "support": 3, "utility": 0.4}},
+    )
+    ShadowRun.objects.create(decision=decision, tier="agentic", status="done", quality=0.8, cost_usd=Decimal("0.01"))
+    handoff = Handoff.objects.create(
+        workspace=workspace,
+        agent=agent,
+        decision=decision,
+        trace_id=trajectory.trace_id,
+        reason="asked for a person",
+        messages=[{"role": "user", "content": "Let me talk to a person"}],
+    )
+    entry = CacheEntryFactory.create(
+        workspace=workspace, agent=agent, model_target=target, trace_id=trajectory.trace_id
+    )
+    hit = CacheHitFactory.create(entry=entry, trace_id=trajectory.trace_id, request_text="How do I reset my password?")
+    return target, tool, decision, handoff, hit
 
 
 @pytest.fixture
@@ -221,6 +288,19 @@ def page_urls(tenant: Tenant) -> dict[str, str]:
         "agent_settings": f"/w/{ws}/agents/{agent}/settings/",
         "integration_list": f"/w/{ws}/integrations/",
         "integration_list_price": f"/w/{ws}/integrations/?price={tenant.price.model}",
+        "model_target_list": f"/w/{ws}/model-targets/",
+        "model_target_edit": f"/w/{ws}/model-targets/{tenant.target.alias}/",
+        "model_target_delete": f"/w/{ws}/model-targets/{tenant.target.alias}/delete/",
+        "agent_router": f"/w/{ws}/agents/{agent}/router/",
+        "agent_tool_edit": f"/w/{ws}/agents/{agent}/router/tools/{tenant.tool.name}/",
+        "agent_router_report": f"/w/{ws}/agents/{agent}/router/report/",
+        "agent_router_report_30d": f"/w/{ws}/agents/{agent}/router/report/?period=30d",
+        "routing_decision_list": f"/w/{ws}/routing-decisions/",
+        "routing_decision_list_filtered": f"/w/{ws}/routing-decisions/?agent={agent}&tier=chain&period=30d",
+        "routing_decision_detail": f"/w/{ws}/routing-decisions/{tenant.decision.pk}/",
+        "handoff_list": f"/w/{ws}/handoffs/",
+        "cache_review": f"/w/{ws}/cache-review/",
+        "cache_review_agent": f"/w/{ws}/cache-review/?agent={agent}&show=unreviewed",
     }
 
 
@@ -310,6 +390,72 @@ def post_cases(tenant: Tenant) -> dict[str, tuple[str, dict[str, Any]]]:
             f"/w/{ws}/integrations/model-prices/",
             {"model": "acme-large", "input_usd_per_million": "3", "output_usd_per_million": "12"},
         ),
+        "model_target_create": (
+            f"/w/{ws}/model-targets/",
+            {
+                "alias": "strong",
+                "model": "openai/gpt-4o",
+                "timeout_seconds": "30",
+                "max_retries": "2",
+                "failure_threshold": "3",
+                "cooldown_seconds": "30",
+                "enabled": "on",
+            },
+        ),
+        "model_target_edit": (
+            f"/w/{ws}/model-targets/{tenant.target.alias}/",
+            {
+                "model": "openai/gpt-4.1-mini",
+                "timeout_seconds": "20",
+                "max_retries": "1",
+                "failure_threshold": "3",
+                "cooldown_seconds": "30",
+                "enabled": "on",
+            },
+        ),
+        "model_target_delete": (f"/w/{ws}/model-targets/{tenant.target.alias}/delete/", {}),
+        "agent_router_save": (
+            f"/w/{ws}/agents/{agent}/router/",
+            {
+                "single_call_target": "fast",
+                "neighbours": "20",
+                "min_neighbours": "8",
+                "cost_weight": "0.3",
+                "latency_weight": "0.2",
+                "risk_weight": "0.1",
+                "shadow_rate": "25",
+                "cache_threshold": "0.9",
+                "cache_ttl_hours": "24",
+                "human_message": "A person will answer.",
+                "rule-0-name": "refunds",
+                "rule-0-kind": "keywords",
+                "rule-0-value": "refund",
+                "rule-0-to_tier": "agentic",
+                "rule-0-reason": "money",
+            },
+        ),
+        "agent_chain_save": (
+            f"/w/{ws}/agents/{agent}/router/chain/",
+            {
+                "step-0-name": "extract",
+                "step-0-instructions": "Extract the trip.",
+                "step-1-name": "answer",
+                "step-1-instructions": "Answer.",
+                "step-1-model_target": "fast",
+            },
+        ),
+        "agent_tool_create": (
+            f"/w/{ws}/agents/{agent}/router/tools/",
+            {"name": "refund_ride", "parameters": '{"type": "object", "properties": {}}', "timeout_seconds": "10"},
+        ),
+        "agent_tool_edit": (
+            f"/w/{ws}/agents/{agent}/router/tools/{tenant.tool.name}/",
+            {"name": tenant.tool.name, "description": "Find one trip", "parameters": "", "timeout_seconds": "5"},
+        ),
+        "agent_tool_delete": (f"/w/{ws}/agents/{agent}/router/tools/{tenant.tool.name}/delete/", {}),
+        "handoff_claim": (f"/w/{ws}/handoffs/{tenant.handoff.pk}/claim/", {}),
+        "handoff_resolve": (f"/w/{ws}/handoffs/{tenant.handoff.pk}/resolve/", {"resolution": "Refunded the ride."}),
+        "cache_hit_review": (f"/w/{ws}/cache-review/hits/{tenant.hit.pk}/", {"verdict": "false_hit"}),
     }
 
 
@@ -348,4 +494,20 @@ def db_state() -> dict[str, list[Any]]:
                 "pk", "model", "input_usd_per_million", "output_usd_per_million", "cache_read_usd_per_million"
             )
         ),
+        "model_targets": list(
+            ModelTarget.objects.order_by("pk").values_list(
+                "pk", "alias", "model", "api_key_encrypted", "timeout_seconds", "enabled", "fallbacks"
+            )
+        ),
+        "router_configs": list(
+            RouterConfig.objects.order_by("pk").values_list(
+                "pk", "single_call_target_id", "rules", "shadow_rate", "cache_threshold", "human_message"
+            )
+        ),
+        "chain_steps": list(ChainStep.objects.order_by("pk").values_list("pk", "name", "instructions")),
+        "agent_tools": list(
+            AgentTool.objects.order_by("pk").values_list("pk", "name", "description", "endpoint_secret_encrypted")
+        ),
+        "handoffs": list(Handoff.objects.order_by("pk").values_list("pk", "status", "assigned_to_id", "resolution")),
+        "cache_hits": list(CacheHit.objects.order_by("pk").values_list("pk", "false_hit", "reviewed_by_id")),
     }

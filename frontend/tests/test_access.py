@@ -48,6 +48,19 @@ PAGES = [
     "agent_settings",
     "integration_list",
     "integration_list_price",
+    "model_target_list",
+    "model_target_edit",
+    "model_target_delete",
+    "agent_router",
+    "agent_tool_edit",
+    "agent_router_report",
+    "agent_router_report_30d",
+    "routing_decision_list",
+    "routing_decision_list_filtered",
+    "routing_decision_detail",
+    "handoff_list",
+    "cache_review",
+    "cache_review_agent",
 ]
 POSTS = [
     "agent_create",
@@ -73,6 +86,17 @@ POSTS = [
     "langfuse_export_retry",
     "langfuse_mirror_delete",
     "model_price_set",
+    "model_target_create",
+    "model_target_edit",
+    "model_target_delete",
+    "agent_router_save",
+    "agent_chain_save",
+    "agent_tool_create",
+    "agent_tool_edit",
+    "agent_tool_delete",
+    "handoff_claim",
+    "handoff_resolve",
+    "cache_hit_review",
 ]
 # The writes that need the owner role.
 OWNER_POSTS = [
@@ -101,6 +125,11 @@ ROUTE_OF = {
     "agent_alert_rule_create": "agent_alert_rules",
     "agent_settings_save": "agent_settings",
     "integration_list_price": "integration_list",
+    "model_target_create": "model_target_list",
+    "agent_router_save": "agent_router",
+    "agent_router_report_30d": "agent_router_report",
+    "routing_decision_list_filtered": "routing_decision_list",
+    "cache_review_agent": "cache_review",
 }
 
 
