@@ -124,7 +124,7 @@ def demo_routing_seed(workspace: Workspace) -> int:
             "fare_dispute": ["charged twice", "overcharged", "refund the duplicate", "dispute"],
             "cancellation": ["cancellation fee", "never arrived", "cancelled"],
         },
-        shadow_rate=0.5,
+        shadow_rate=1.0,  # every demo request is shadowed: a full router report, and no chance in the demo
         min_neighbours=6,
         cache_enabled=True,
     )

@@ -30,7 +30,9 @@ def test_the_demo_traffic_shows_every_tier_method_and_outcome(seeded):
     assert decisions.filter(quality__isnull=False).count() >= 20
     assert ShadowRun.objects.filter(decision__workspace=seeded, status="done", quality__isnull=False).exists()
     assert Handoff.objects.filter(workspace=seeded, status="resolved").count() == 1
-    assert Handoff.objects.filter(workspace=seeded).count() == 2  # the safety report and the $240 dispute
+    # By rule: the safety report and the $240 dispute; by estimate: two password questions whose similar
+    # past requests the judge scored low on every automated tier.
+    assert Handoff.objects.filter(workspace=seeded).count() == 4
     assert CacheHit.objects.filter(workspace=seeded, false_hit__isnull=False).count() == 1
 
 
