@@ -116,6 +116,7 @@ class RouterConfig(models.Model):
             models.CheckConstraint(
                 condition=Q(cache_threshold__gt=0, cache_threshold__lte=1), name="routerconfig_cache_threshold_range"
             ),
+            models.CheckConstraint(condition=Q(cache_ttl_seconds__gt=0), name="routerconfig_cache_ttl_positive"),
         ]
 
     def __str__(self) -> str:
