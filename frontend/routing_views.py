@@ -6,7 +6,7 @@ and tool secrets."""
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, time, timedelta
 from typing import Final
 
 from django.contrib import messages
@@ -301,18 +301,25 @@ def agent_router_report_view(request: HtmxHttpRequest, membership: Membership, a
     until = timezone.now()
     view = reports.router_report(agent=agent, since=until - timedelta(days=days), until=until)
     tiers = [stats.tier for stats in view.report.tiers]
+    # Every day of the period on the axis, days without a finished decision as gaps, so one busy day
+    # does not stretch the time axis over years.
+    by_day = {bucket.start.date(): bucket for bucket in view.daily}
+    first, last = timezone.localdate(view.since), timezone.localdate(view.until)
+    days_shown = [first + timedelta(days=offset) for offset in range((last - first).days + 1)]
+    moments = [timezone.make_aware(datetime.combine(day, time.min)) for day in days_shown]
+    buckets = [by_day.get(day) for day in days_shown]
     chart_data = {
-        "x": [int(bucket.start.timestamp()) for bucket in view.daily],
+        "x": [int(moment.timestamp()) for moment in moments],
         "tiers": [
             {
                 "label": TierChoice(tier).label if tier in TierChoice.values else tier,
-                "shares": [bucket.share(tier) for bucket in view.daily],
+                "shares": [bucket.share(tier) if bucket else None for bucket in buckets],
             }
             for tier in tiers
         ],
-        "quality": [bucket.mean_quality for bucket in view.daily],
-        "cost": [bucket.mean_cost_usd for bucket in view.daily],
-        "totals": [bucket.total for bucket in view.daily],
+        "quality": [bucket.mean_quality if bucket else None for bucket in buckets],
+        "cost": [bucket.mean_cost_usd if bucket else None for bucket in buckets],
+        "totals": [bucket.total if bucket else 0 for bucket in buckets],
     }
     return _render(
         request,
@@ -320,7 +327,7 @@ def agent_router_report_view(request: HtmxHttpRequest, membership: Membership, a
         "frontend/routing/report.html",
         {
             "agent": agent,
-            "tab": "router_report",
+            "tab": "router",
             "period": period,
             "periods": [(key, value[0]) for key, value in REPORT_PERIODS.items()],
             "period_label": label,

@@ -228,7 +228,9 @@ def test_the_report_shows_tiers_best_tier_rate_and_the_daily_series(tenant, view
     assert '<div class="stat-value" data-best-tier-rate>0%</div>' in content
     chart = response.context["chart_data"]
     assert [tier["label"] for tier in chart["tiers"]] == ["Single call", "Chain", "Human"]
-    assert chart["totals"] == [1]
+    # Every day of the period is on the axis; only today had a finished decision.
+    assert len(chart["x"]) == 8
+    assert chart["totals"] == [0] * 7 + [1]
 
 
 def test_an_agent_without_traffic_is_told_how_to_get_some(tenant, viewer_client):

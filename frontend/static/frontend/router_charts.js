@@ -16,7 +16,7 @@
     var range = null;
     if (kind === "mix") {
       data.tiers.forEach(function (tier, index) {
-        series.push({ label: tier.label, stroke: COLORS[index % COLORS.length], width: 2, points: { show: true, size: 6 }, value: function (plot, value) { return percent(value); } });
+        series.push({ label: tier.label, stroke: COLORS[index % COLORS.length], width: 2, spanGaps: true, points: { show: true, size: 6 }, value: function (plot, value) { return percent(value); } });
         columns.push(tier.shares);
       });
       axis = { values: function (plot, ticks) { return ticks.map(function (tick) { return Math.round(tick * 100) + "%"; }); }, size: 48 };
