@@ -12,6 +12,7 @@ workspace whose ride-support agent already has routing decisions is left alone.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from agent_registry import selectors as registry_selectors
@@ -103,6 +104,18 @@ def demo_routing_seed(workspace: Workspace) -> int:
     shopping = registry_selectors.agent_get(workspace=workspace, slug="shopping-assistant")
     if RoutingDecision.objects.filter(agent=ride).exists():
         return 0
+    # The demo models' prices, as an operator sets them for models litellm's price map does not know.
+    for model, input_price, output_price in (
+        ("keel-demo/fast", "0.15", "0.60"),
+        ("keel-demo/strong", "2.50", "10.00"),
+        ("keel-demo/judge", "0.50", "1.50"),
+    ):
+        tracing_services.model_price_set(
+            workspace=workspace,
+            model=model,
+            input_usd_per_million=Decimal(input_price),
+            output_usd_per_million=Decimal(output_price),
+        )
     fast = _target(workspace, "demo-fast", "keel-demo/fast", "single_call")
     strong = _target(workspace, "demo-strong", "keel-demo/strong", "agentic")
     judge = _target(workspace, "demo-judge", "keel-demo/judge", "")

@@ -28,6 +28,8 @@ def test_the_demo_traffic_shows_every_tier_method_and_outcome(seeded):
     assert set(decisions.filter(agent__slug="shopping-assistant").values_list("tier", flat=True)) == {"single_call"}
     assert decisions.filter(cache_hit=True).exists()
     assert decisions.filter(quality__isnull=False).count() >= 20
+    # Priced from the workspace's prices for the demo models, through the trajectories.
+    assert ride.filter(tier="chain", cost_usd__gt=0).exists()
     assert ShadowRun.objects.filter(decision__workspace=seeded, status="done", quality__isnull=False).exists()
     assert Handoff.objects.filter(workspace=seeded, status="resolved").count() == 1
     # By rule: the safety report and the $240 dispute; by estimate: two password questions whose similar
