@@ -27,10 +27,11 @@ from django.utils import timezone
 from openai import OpenAIError
 
 from config import crypto
-from routing import demo_provider
 from config.errors import KeelError
+from routing import demo_provider
 from routing.models import ModelTarget
 from tracing import pricing
+from tracing.models import ModelPriceOverride
 
 logger = logging.getLogger("routing.providers")
 
@@ -196,8 +197,37 @@ def _usage(response: Any) -> tuple[int | None, int | None]:
     return getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
 
 
-def cost_of(model: str, input_tokens: int | None, output_tokens: int | None) -> Decimal | None:
-    return pricing.generation_cost(model, input_tokens, output_tokens)
+# A workspace's own model prices (tracing's ModelPriceOverride), kept per process for a short while: the
+# gateway prices every call, and the table changes rarely.
+PRICE_CACHE_SECONDS = 30.0
+_prices: dict[int, tuple[float, dict[str, pricing.ModelPrice]]] = {}
+
+
+def _workspace_prices(workspace_id: int) -> dict[str, pricing.ModelPrice]:
+    cached = _prices.get(workspace_id)
+    if cached is not None and time.monotonic() - cached[0] < PRICE_CACHE_SECONDS:
+        return cached[1]
+    prices = {
+        row.model: pricing.ModelPrice.per_million(
+            row.input_usd_per_million, row.output_usd_per_million, row.cache_read_usd_per_million
+        )
+        for row in ModelPriceOverride.objects.filter(workspace_id=workspace_id)
+    }
+    _prices[workspace_id] = (time.monotonic(), prices)
+    return prices
+
+
+def cost_of(
+    target: ModelTarget, model: str | None, input_tokens: int | None, output_tokens: int | None
+) -> Decimal | None:
+    """USD for one call to the target: the workspace's price for the model if it set one, else litellm's."""
+    prices = _workspace_prices(target.workspace_id)
+    for name in (target.model, model):
+        if name:
+            cost = pricing.generation_cost(name, input_tokens, output_tokens, None, prices)
+            if cost is not None:
+                return cost
+    return None
 
 
 def _request(
@@ -257,8 +287,7 @@ def completion(
                 alias=candidate.alias,
                 input_tokens=input_tokens,
                 output_tokens=output_tokens,
-                cost_usd=cost_of(candidate.model, input_tokens, output_tokens)
-                or cost_of(model, input_tokens, output_tokens),
+                cost_usd=cost_of(candidate, model, input_tokens, output_tokens),
                 started_ns=started,
                 ended_ns=ended,
                 attempts=attempts,
@@ -288,6 +317,7 @@ class StreamState:
     ended_ns: int = 0
     error: str = ""
     attempts: list[Attempt] = field(default_factory=list)
+    target: ModelTarget | None = None
 
     def message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
@@ -303,7 +333,9 @@ class StreamState:
             alias=self.alias,
             input_tokens=self.input_tokens,
             output_tokens=self.output_tokens,
-            cost_usd=cost_of(self.model, self.input_tokens, self.output_tokens),
+            cost_usd=None
+            if self.target is None
+            else cost_of(self.target, self.model, self.input_tokens, self.output_tokens),
             started_ns=self.started_ns,
             ended_ns=self.ended_ns or time.time_ns(),
             attempts=self.attempts,
@@ -367,7 +399,7 @@ def completion_stream(
                     ) from None
                 continue
             _success_record(candidate)
-            state.model, state.alias = candidate.model, candidate.alias
+            state.model, state.alias, state.target = candidate.model, candidate.alias, candidate
             yield from _stream_chunks(state, first, iterator)
             return
     raise ProviderFailed(

@@ -199,30 +199,30 @@ def routing_decision_outcomes_refresh(*, limit: int = 2000, delay_seconds: int =
             created_at__gte=now - timedelta(days=OUTCOME_HORIZON_DAYS),
         )
         .exclude(status=OutcomeStatus.PENDING)
-        .values_list("pk", "workspace_id", "trace_id", "status", "cost_usd")[:limit]
+        .values_list("pk", "workspace_id", "trace_id", "status")[:limit]
     )
     if not pending:
         return 0
     by_workspace: dict[int, list[str]] = defaultdict(list)
-    for _, workspace_id, trace_id, _, _ in pending:
+    for _, workspace_id, trace_id, _ in pending:
         by_workspace[workspace_id].append(trace_id)
-    trajectories: dict[tuple[int, str], tuple[int, list[str], float, Decimal]] = {}
+    trajectories: dict[tuple[int, str], tuple[int, list[str], float]] = {}
     for workspace_id, trace_ids in by_workspace.items():
-        for pk, trace_id, names, score, cost in Trajectory.objects.filter(
+        for pk, trace_id, names, score in Trajectory.objects.filter(
             workspace_id=workspace_id, trace_id__in=trace_ids
-        ).values_list("pk", "trace_id", "signal_names", "triage_score", "cost_usd"):
-            trajectories[(workspace_id, trace_id)] = (pk, list(names or ()), float(score), cost)
+        ).values_list("pk", "trace_id", "signal_names", "triage_score"):
+            trajectories[(workspace_id, trace_id)] = (pk, list(names or ()), float(score))
     scores: dict[int, list[tuple[str, Any]]] = defaultdict(list)
     for trajectory_id, data_type, value in Score.objects.filter(
         trajectory_id__in=[t[0] for t in trajectories.values()]
     ).values_list("trajectory_id", "data_type", "value"):
         scores[trajectory_id].append((data_type, value))
     changed = 0
-    for pk, workspace_id, trace_id, status, known_cost in pending:
+    for pk, workspace_id, trace_id, status in pending:
         found = trajectories.get((workspace_id, trace_id))
         if found is None:
             continue  # not assembled yet
-        trajectory_id, names, triage_score, trajectory_cost = found
+        trajectory_id, names, triage_score = found
         counts: dict[str, int] = defaultdict(int)
         for name in names:
             counts[name] += 1
@@ -231,9 +231,7 @@ def routing_decision_outcomes_refresh(*, limit: int = 2000, delay_seconds: int =
         )
         if quality is None:
             continue
-        values: dict[str, Any] = {"quality": quality, "quality_source": source}
-        if known_cost is None and trajectory_cost:
-            # The gateway prices calls from litellm's map; the trajectory adds the workspace's own prices.
-            values["cost_usd"] = trajectory_cost
-        changed += RoutingDecision.objects.filter(pk=pk, quality__isnull=True).update(**values)
+        changed += RoutingDecision.objects.filter(pk=pk, quality__isnull=True).update(
+            quality=quality, quality_source=source
+        )
     return changed

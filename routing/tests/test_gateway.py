@@ -514,3 +514,20 @@ def test_a_tier_with_nothing_to_run_with_is_a_clear_409(workspace, fake):
     assert response.json()["code"] == "tier_not_configured"
     assert RoutingDecision.objects.get().status == "error"
     assert Handoff.objects.count() == 0
+
+
+def test_calls_are_priced_with_the_workspaces_own_prices(gateway):
+    from routing import providers
+
+    providers._prices.clear()
+    tracing_services.model_price_set(
+        workspace=gateway.workspace,
+        model=f"{FAKE_PROVIDER}/fast",
+        input_usd_per_million=Decimal("1"),
+        output_usd_per_million=Decimal("10"),
+    )
+
+    body = gateway.ask("price me").json()
+
+    decision = RoutingDecision.objects.get(trace_id=body["keel"]["trace_id"])
+    assert decision.cost_usd == Decimal("0.00012000")  # 40 input tokens at $1/M, 8 output at $10/M
