@@ -28,7 +28,7 @@ from django.utils import timezone
 from openai import OpenAIError
 from pgvector.django import CosineDistance
 
-from agent_registry.models import Agent, PromptVersion, User, Workspace
+from agent_registry.models import Agent, PromptLabel, PromptVersion, User, Workspace
 from config import crypto
 from config.errors import KeelError
 from routing import embedding as embedder
@@ -359,6 +359,24 @@ def cache_entries_invalidate_for_prompt(
         expires_at=now
     )
     return expired + _delete_in_batches(stale.filter(~Exists(CacheHit.objects.filter(entry=OuterRef("pk")))))
+
+
+def cache_entries_invalidate_stale_prompts(*, now: datetime | None = None) -> int:
+    """Retire, for every agent, the entries of prompt versions that no label points at any more (a label
+    moved: a deploy or a rollback). The gateway already scopes look-ups to the production version, so
+    such entries are never served; this reclaims them. Returns how many were retired."""
+    labelled = PromptLabel.objects.values_list("version_id", flat=True)
+    agent_ids = (
+        CacheEntry.objects.filter(prompt_version__isnull=False)
+        .exclude(prompt_version_id__in=labelled)
+        .values_list("agent_id", flat=True)
+        .distinct()
+    )
+    retired = 0
+    for agent in Agent.objects.filter(pk__in=list(agent_ids)):
+        keep = PromptLabel.objects.filter(prompt__agent=agent).values_list("version_id", flat=True)
+        retired += cache_entries_invalidate_for_prompt(agent=agent, keep_prompt_version_ids=list(keep), now=now)
+    return retired
 
 
 def cache_entries_sweep(*, now: datetime | None = None) -> int:

@@ -38,5 +38,6 @@ def routing_decision_outcomes_refresh() -> None:
 
 @shared_task(name="routing.cache_entries_sweep", ignore_result=True, soft_time_limit=300, time_limit=360)
 def cache_entries_sweep() -> None:
-    """Scheduled by beat: delete expired semantic-cache entries."""
+    """Scheduled by beat: retire entries of prompt versions no label holds, delete expired ones."""
+    cache.cache_entries_invalidate_stale_prompts()
     cache.cache_entries_sweep()

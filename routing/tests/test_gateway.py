@@ -531,3 +531,25 @@ def test_calls_are_priced_with_the_workspaces_own_prices(gateway):
 
     decision = RoutingDecision.objects.get(trace_id=body["keel"]["trace_id"])
     assert decision.cost_usd == Decimal("0.00012000")  # 40 input tokens at $1/M, 8 output at $10/M
+
+
+def test_moving_the_production_label_retires_the_old_versions_cache_entries(gateway):
+    from agent_registry.models import PromptLabel
+    from routing import cache
+    from routing.models import CacheEntry
+
+    gateway.config.cache_enabled = True
+    gateway.config.save()
+    gateway.ask("How do I reset my password?")
+    (entry,) = CacheEntry.objects.all()
+    prompt = entry.prompt_version.prompt
+    newer = registry_services.prompt_version_create(
+        prompt=prompt, template=[{"role": "system", "content": "You help {{company}}'s riders."}], labels=["production"]
+    )
+    assert PromptLabel.objects.get(prompt=prompt, name="production").version == newer
+
+    after = gateway.ask("How do I reset my password?").json()
+
+    assert after["keel"]["cache_hit"] is False  # the new version's scope has no entry yet
+    assert cache.cache_entries_invalidate_stale_prompts() == 1
+    assert not CacheEntry.objects.filter(pk=entry.pk).exists()
