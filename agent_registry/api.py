@@ -36,6 +36,7 @@ from agent_registry.schemas import (
     PromptDiffOut,
     PromptIn,
     PromptOut,
+    PromptPatch,
     PromptVersionIn,
     PromptVersionOut,
     RenderIn,
@@ -483,6 +484,23 @@ def prompt_get_api(request: HttpRequest, name: str, query: Query[ResolveQuery]) 
         agent_ids=request_agent_ids(request),
     )
     return _version_out(version)
+
+
+# After every `/prompts/{name}/...` route: the path converter would otherwise take their paths too.
+@router.patch("/prompts/{path:name}", auth=WRITE, response={200: PromptOut, **ERRORS})
+def prompt_update_api(request: HttpRequest, name: str, payload: PromptPatch) -> Any:
+    """Change a prompt's description or tags (name and versions never change)."""
+    prompt = services.prompt_update(prompt=_prompt(request, name), **payload.dict(exclude_unset=True))
+    found = selectors.prompt_list(workspace=request_workspace(request), agent=prompt.agent).get(pk=prompt.pk)
+    return _prompt_out(found)
+
+
+@router.delete("/prompts/{path:name}", auth=WRITE, response={204: None, **ERRORS})
+def prompt_delete_api(request: HttpRequest, name: str) -> Any:
+    """Delete a prompt, its versions, labels and deployment history. 409 `prompt_in_use` while the
+    production label points at a version, or trajectories or chain steps use one."""
+    services.prompt_delete(prompt=_prompt(request, name))
+    return Status(204, None)
 
 
 # --- API keys ---------------------------------------------------------------------------------

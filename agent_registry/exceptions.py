@@ -35,6 +35,10 @@ class PromptInvalid(ValidationFailed):
     code = "prompt_invalid"
 
 
+class PromptInUse(Conflict):
+    code = "prompt_in_use"
+
+
 class PromptVersionNotFound(NotFound):
     code = "prompt_version_not_found"
 

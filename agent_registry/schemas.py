@@ -140,6 +140,11 @@ class PromptIn(Schema):
     labels: list[str] = Field(default_factory=list, max_length=20)
 
 
+class PromptPatch(Schema):
+    description: str | None = Field(None, max_length=10_000)
+    tags: list[str] | None = Field(None, max_length=50, description="replaces the tags")
+
+
 class PromptVersionIn(Schema):
     template: Template
     type: Literal["text", "chat"] | None = None

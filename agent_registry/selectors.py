@@ -216,6 +216,35 @@ def prompt_version_label_names(*, version: PromptVersion) -> list[str]:
     return names
 
 
+def prompt_label_get(*, prompt: Prompt, label: str) -> PromptLabel:
+    """A label of the prompt that exists (not `latest`, which only names the newest version)."""
+    found = PromptLabel.objects.select_related("version").filter(prompt=prompt, name=label).first()
+    if found is None:
+        raise exceptions.PromptLabelNotFound(f"prompt {prompt.name!r} has no label {label!r}")
+    return found
+
+
+PRODUCTION_LABEL = "production"
+
+
+def prompt_in_use_reasons(*, prompt: Prompt) -> list[str]:
+    """Why the prompt cannot be deleted yet (agent_registry.services.prompt_delete); empty when it can."""
+    reasons = []
+    production = PromptLabel.objects.filter(prompt=prompt, name=PRODUCTION_LABEL).select_related("version").first()
+    if production is not None:
+        reasons.append(f"the production label points at v{production.version.version}; delete that label first")
+    # Reverse relations (tracing's Trajectory.prompt_versions, routing's ChainStep.prompt_version), so that
+    # the registry needs no import of the apps built on it.
+    versions = PromptVersion.objects.filter(prompt=prompt)
+    trajectories = versions.filter(trajectories__isnull=False).values("trajectories").distinct().count()
+    if trajectories:
+        reasons.append(f"{trajectories} trajector{'y' if trajectories == 1 else 'ies'} recorded its versions")
+    chain_steps = versions.filter(chain_steps__isnull=False).values("chain_steps").distinct().count()
+    if chain_steps:
+        reasons.append(f"the router's chain runs its versions in {chain_steps} step{'' if chain_steps == 1 else 's'}")
+    return reasons
+
+
 def prompt_label_move_list(*, prompt: Prompt, limit: int = 50) -> QuerySet[PromptLabelMove]:
     return prompt.label_moves.select_related("from_version", "to_version", "moved_by", "moved_via_key")[:limit]
 

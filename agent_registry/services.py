@@ -11,13 +11,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Max, Q
 from django.utils import timezone
 from pydantic import ValidationError
 
-from agent_registry import exceptions, prompts, requirements
+from agent_registry import exceptions, prompts, requirements, selectors
 from agent_registry.models import (
     Agent,
     AgentStatus,
@@ -180,6 +181,9 @@ def agent_delete(*, agent: Agent) -> None:
         Agent.objects.filter(pk=agent.pk).update(current_requirements=None)
         # Labels protect versions; the prompts cascade with the agent, labels first.
         PromptLabel.objects.filter(prompt__agent=agent).delete()
+        # So do the steps of the routing tier's chain (they run the agent's own prompt versions), which
+        # would go with the agent anyway. Looked up by name: routing builds on the registry, not the reverse.
+        apps.get_model("routing", "ChainStep").objects.filter(agent_id=agent.pk).delete()
         Agent.objects.filter(pk=agent.pk).delete()
 
 
@@ -413,6 +417,74 @@ def prompt_label_delete(
         moved_via_key=moved_via_key,
     )
     existing.delete()
+
+
+# The limits the API's schemas put on a prompt's description and tags, enforced here for every caller.
+PROMPT_DESCRIPTION_MAX = 10_000
+PROMPT_TAGS_MAX = 50
+PROMPT_TAG_LENGTH_MAX = 64
+
+
+def _tags_clean(tags: Sequence[str]) -> list[str]:
+    cleaned = sorted({tag.strip() for tag in tags if tag.strip()})
+    too_long = [tag for tag in cleaned if len(tag) > PROMPT_TAG_LENGTH_MAX]
+    if too_long:
+        raise exceptions.PromptInvalid(
+            f"tag {too_long[0][:20]!r}… is longer than {PROMPT_TAG_LENGTH_MAX} characters",
+            errors=[{"field": "tags", "message": f"at most {PROMPT_TAG_LENGTH_MAX} characters each"}],
+        )
+    if len(cleaned) > PROMPT_TAGS_MAX:
+        raise exceptions.PromptInvalid(
+            f"a prompt has at most {PROMPT_TAGS_MAX} tags",
+            errors=[{"field": "tags", "message": f"at most {PROMPT_TAGS_MAX}"}],
+        )
+    return cleaned
+
+
+def prompt_update(*, prompt: Prompt, description: str | None = None, tags: Sequence[str] | None = None) -> Prompt:
+    """Change what describes a prompt; None leaves a field as it is. Name, agent and versions never change:
+    clients find a prompt by its name, and its versions are immutable."""
+    changes: dict[str, Any] = {}
+    if description is not None:
+        if len(description) > PROMPT_DESCRIPTION_MAX:
+            raise exceptions.PromptInvalid(
+                f"the description is longer than {PROMPT_DESCRIPTION_MAX} characters",
+                errors=[{"field": "description", "message": f"at most {PROMPT_DESCRIPTION_MAX} characters"}],
+            )
+        changes["description"] = description
+    if tags is not None:
+        changes["tags"] = _tags_clean(tags)
+    if changes:
+        Prompt.objects.filter(pk=prompt.pk).update(**changes)
+        for field, value in changes.items():
+            setattr(prompt, field, value)
+    return prompt
+
+
+@transaction.atomic
+def prompt_delete(*, prompt: Prompt) -> None:
+    """Delete a prompt with its versions, labels and deployment history (label moves).
+
+    Refused with `PromptInUse`, nothing deleted, while something still depends on one of its versions
+    (`agent_registry.selectors.prompt_in_use_reasons`):
+    - the `production` label points at one: clients asking for the prompt would start getting 404s, so
+      taking it out of production is a separate, deliberate step (delete the label first);
+    - a trajectory recorded one: its record of which prompt produced it would silently vanish;
+    - a chain step of the routing tier runs one (that foreign key protects the version).
+    What goes with the versions: the gateway's cached answers for them (they cascade), and a replay that
+    tried one keeps its result with the version unset (that foreign key sets null).
+    """
+    # Lock the prompt so that no version is published while it is being deleted.
+    locked = Prompt.objects.select_for_update().get(pk=prompt.pk)
+    reasons = selectors.prompt_in_use_reasons(prompt=locked)
+    if reasons:
+        raise exceptions.PromptInUse(
+            f"prompt {locked.name!r} is in use: {'; '.join(reasons)}",
+            errors=[{"field": "prompt", "message": reason} for reason in reasons],
+        )
+    # Labels protect their versions; they go first, then the prompt with everything that cascades from it.
+    PromptLabel.objects.filter(prompt=locked).delete()
+    Prompt.objects.filter(pk=locked.pk).delete()
 
 
 def prompt_version_render(

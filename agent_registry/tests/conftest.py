@@ -44,7 +44,9 @@ def registry_state(row_counts) -> Callable[[], dict[str, Any]]:
                 Agent.objects.values_list("workspace__slug", "slug", "name", "status", "current_requirements")
             ),
             "labels": sorted(PromptLabel.objects.values_list("prompt__name", "name", "version__version")),
-            "prompts": sorted(Prompt.objects.values_list("workspace__slug", "name", "agent__slug", "description")),
+            "prompts": sorted(
+                Prompt.objects.values_list("workspace__slug", "name", "agent__slug", "description", "tags")
+            ),
             "keys": sorted(ApiKey.objects.values_list("name", "revoked_at")),
         }
 

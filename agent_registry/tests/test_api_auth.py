@@ -42,6 +42,8 @@ WRITE_ENDPOINTS = [
     ("POST", "/api/v1/agents/support/requirements", {"answers": requirements_answers()}),
     ("POST", "/api/v1/agents/support/requirements/1/activate", None),
     ("POST", "/api/v1/prompts", {"agent": "support", "name": "new", "template": "t"}),
+    ("PATCH", "/api/v1/prompts/ride-support/system", {"description": "changed", "tags": ["x"]}),
+    ("DELETE", "/api/v1/prompts/billing/intro", None),
     ("POST", "/api/v1/prompts/ride-support/system/versions", {"template": "v3"}),
     ("PUT", "/api/v1/prompts/ride-support/system/versions/1", {"template": "edited"}),
     ("PATCH", "/api/v1/prompts/ride-support/system/versions/1", {"template": "edited"}),
@@ -185,6 +187,7 @@ def test_a_good_key_records_its_last_use(workspace, registry):
         ("PATCH", "/api/v1/agents/support"),
         ("POST", "/api/v1/agents/support/requirements"),
         ("POST", "/api/v1/prompts"),
+        ("PATCH", "/api/v1/prompts/ride-support/system"),
         ("PUT", "/api/v1/prompts/ride-support/system/labels/production"),
         ("POST", "/api/v1/keys"),
         ("POST", "/api/public/v2/prompts"),
@@ -264,4 +267,5 @@ def test_the_openapi_document_lists_every_path(db):
         "patch",
         "put",
     ]
+    assert sorted(document["paths"]["/api/v1/prompts/{name}"]) == ["delete", "get", "patch"]
     assert document["components"]["securitySchemes"]["ApiKeyBearer"] == {"type": "http", "scheme": "bearer"}

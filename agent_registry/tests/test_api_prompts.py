@@ -400,6 +400,111 @@ def test_deleting_an_unknown_label_is_404(workspace, registry, api_client_for, r
     assert registry_state() == before
 
 
+# --- Update and delete ------------------------------------------------------------------------
+
+
+def test_prompt_update_changes_description_and_tags(workspace, registry, api_client_for):
+    response = api_client_for(workspace).patch(
+        "/api/v1/prompts/ride-support/system",
+        data={"description": "Greets riders.", "tags": ["rides", "greeting", "rides"]},
+        content_type="application/json",
+    )
+
+    assert response.status_code == 200
+    body = response.json()
+    assert {key: body[key] for key in ("name", "agent", "description", "tags", "latest_version")} == {
+        "name": "ride-support/system",
+        "agent": "support",
+        "description": "Greets riders.",
+        "tags": ["greeting", "rides"],
+        "latest_version": 2,
+    }
+    assert [(label["name"], label["version"]) for label in body["labels"]] == [("production", 1), ("staging", 2)]
+    assert Prompt.objects.values_list("description", "tags").get(name="ride-support/system") == (
+        "Greets riders.",
+        ["greeting", "rides"],
+    )
+
+
+def test_prompt_update_leaves_out_what_is_not_sent(workspace, registry, api_client_for):
+    client = api_client_for(workspace)
+    client.patch("/api/v1/prompts/billing/intro", data={"tags": ["money"]}, content_type="application/json")
+
+    response = client.patch(
+        "/api/v1/prompts/billing/intro", data={"description": "Explains bills."}, content_type="application/json"
+    )
+
+    assert (response.json()["description"], response.json()["tags"]) == ("Explains bills.", ["money"])
+
+
+def test_prompt_update_with_a_tag_too_long_is_422(workspace, registry, api_client_for, registry_state):
+    client = api_client_for(workspace)
+    before = registry_state()
+
+    response = client.patch("/api/v1/prompts/billing/intro", data={"tags": ["x" * 65]}, content_type="application/json")
+
+    assert response.status_code == 422
+    assert response.json() == {
+        "detail": "tag 'xxxxxxxxxxxxxxxxxxxx'… is longer than 64 characters",
+        "code": "prompt_invalid",
+        "errors": [{"field": "tags", "message": "at most 64 characters each"}],
+    }
+    assert registry_state() == before
+
+
+def test_prompt_delete_takes_versions_labels_and_history(workspace, registry, api_client_for):
+    client = api_client_for(workspace)
+    assert client.delete("/api/v1/prompts/ride-support/system/labels/production").status_code == 204
+
+    response = client.delete("/api/v1/prompts/ride-support/system")
+
+    assert response.status_code == 204
+    assert sorted(Prompt.objects.values_list("name", flat=True)) == ["billing/intro", "globex/secret"]
+    assert not PromptVersion.objects.filter(prompt__name="ride-support/system").exists()
+    assert not PromptLabelMove.objects.filter(prompt__name="ride-support/system").exists()
+    assert client.get("/api/v1/prompts/ride-support/system").json()["code"] == "prompt_not_found"
+
+
+def test_prompt_delete_while_production_points_at_it_is_409(workspace, registry, api_client_for, registry_state):
+    client = api_client_for(workspace)
+    before = registry_state()
+
+    response = client.delete("/api/v1/prompts/ride-support/system")
+
+    assert response.status_code == 409
+    assert response.json() == {
+        "detail": "prompt 'ride-support/system' is in use: the production label points at v1; delete that label first",
+        "code": "prompt_in_use",
+        "errors": [{"field": "prompt", "message": "the production label points at v1; delete that label first"}],
+    }
+    assert registry_state() == before
+
+
+def test_prompt_delete_of_a_version_path_is_still_405(workspace, registry, api_client_for, registry_state):
+    """The new `DELETE /prompts/{name}` must not swallow the paths under a prompt."""
+    client = api_client_for(workspace)
+    before = registry_state()
+
+    version = client.delete("/api/v1/prompts/ride-support/system/versions/1")
+    label = client.delete("/api/v1/prompts/ride-support/system/labels/staging")
+
+    assert (version.status_code, version.json()["code"]) == (405, "prompt_version_immutable")
+    assert label.status_code == 204
+    assert registry_state() != before
+    assert Prompt.objects.filter(name="ride-support/system").exists()
+
+
+def test_a_key_limited_to_the_agent_updates_and_deletes_its_prompt(workspace, registry, api_client_for):
+    client = api_client_for(workspace, agents=[registry.billing])
+    client.delete("/api/v1/prompts/billing/intro/labels/production")
+
+    updated = client.patch("/api/v1/prompts/billing/intro", data={"tags": ["a"]}, content_type="application/json")
+    deleted = client.delete("/api/v1/prompts/billing/intro")
+
+    assert (updated.status_code, deleted.status_code) == (200, 204)
+    assert not Prompt.objects.filter(name="billing/intro").exists()
+
+
 # --- Diff and render --------------------------------------------------------------------------
 
 

@@ -29,6 +29,8 @@ NAMED_ENDPOINTS = [
     ("POST", "/api/v1/keys", {"name": "sneaky", "scopes": ["read"], "agents": ["{agent}"]}, "agent_not_found"),
     ("GET", "/api/v1/prompts/{prompt}", None, "prompt_not_found"),
     ("GET", "/api/v1/prompts/{prompt}?version=1", None, "prompt_not_found"),
+    ("PATCH", "/api/v1/prompts/{prompt}", {"description": "mine now", "tags": ["taken"]}, "prompt_not_found"),
+    ("DELETE", "/api/v1/prompts/{prompt}", None, "prompt_not_found"),
     ("GET", "/api/v1/prompts/{prompt}/versions", None, "prompt_not_found"),
     (
         "POST",

@@ -3,6 +3,8 @@ import pytest
 from agent_registry import services
 from agent_registry.models import Agent, ApiKey, Prompt, PromptLabel, PromptVersion, RequirementsVersion
 from agent_registry.tests.factories import AgentFactory, agent_with_requirements, prompt_with_versions
+from routing import services as routing_services
+from routing.models import ChainStep
 
 pytestmark = pytest.mark.django_db
 
@@ -43,3 +45,17 @@ def test_a_key_limited_to_the_agent_alone_is_revoked_not_widened(workspace):
     assert list(ApiKey.objects.get(pk=both.pk).agents.all()) == [other]
     assert list(ApiKey.objects.get(pk=only_other.pk).agents.all()) == [other]
     assert list(ApiKey.objects.get(pk=everyone.pk).agents.all()) == []
+
+
+def test_an_agent_whose_chain_runs_its_prompt_versions_goes_with_its_chain(workspace):
+    agent = AgentFactory.create(workspace=workspace)
+    prompt = prompt_with_versions(agent=agent, name="step", templates=["Classify the request."])
+    routing_services.chain_steps_set(
+        agent=agent, steps=[{"name": "classify", "prompt_version": prompt.versions.get().pk}]
+    )
+
+    services.agent_delete(agent=agent)
+
+    assert not Agent.objects.exists()
+    assert not ChainStep.objects.exists()
+    assert not PromptVersion.objects.exists()
