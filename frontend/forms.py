@@ -24,7 +24,7 @@ from django import forms
 from django.utils import timezone
 
 from agent_registry import requirements as req
-from agent_registry.models import Agent, PromptType, Scope
+from agent_registry.models import Agent, Prompt, PromptType, Scope
 from tracing import signals
 from tracing.models import DivergencePolicy, ScoreDataType, TrajectoryStatus
 from tracing.selectors import TrajectoryFilter
@@ -858,6 +858,23 @@ class PromptVersionForm(_PromptContentForm):
 class PromptLabelMoveForm(forms.Form):
     label = forms.CharField(max_length=64)
     version = forms.IntegerField(min_value=1)
+
+
+class PromptDetailsForm(forms.Form):
+    """What describes a prompt; its name and versions never change. The service checks the limits."""
+
+    description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}))
+    tags = forms.CharField(
+        required=False, max_length=4000, help_text="Comma-separated, e.g. support, refunds. Clients see them."
+    )
+
+    @classmethod
+    def for_prompt(cls, prompt: Prompt, data: Any = None) -> PromptDetailsForm:
+        return cls(data, initial={"description": prompt.description, "tags": ", ".join(prompt.tags)})
+
+    def clean_tags(self) -> list[str]:
+        text = str(self.cleaned_data.get("tags") or "")
+        return list(dict.fromkeys(tag.strip() for tag in text.split(",") if tag.strip()))
 
 
 @dataclass(frozen=True)

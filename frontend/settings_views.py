@@ -1,6 +1,6 @@
-"""Settings pages: an agent's settings (name, description, status, trace retention), and the workspace's
-integrations: the Langfuse mirror (owners configure it; everyone reads its delivery status) and model
-price overrides (members set them)."""
+"""Settings pages: an agent's settings (name, description, status, trace retention) and its deletion, and
+the workspace's integrations: the Langfuse mirror (owners configure it; everyone reads its delivery
+status) and model price overrides (members set them)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,33 @@ def agent_settings_view(request: HtmxHttpRequest, membership: Membership, agent_
         "frontend/agents/settings.html",
         {"agent": agent, "tab": "settings", "form": form},
         status=422 if form.errors else 200,
+    )
+
+
+@workspace_view(view_role=Role.MEMBER)
+@require_http_methods(["GET", "POST"])
+def agent_delete_view(request: HtmxHttpRequest, membership: Membership, agent_slug: str) -> HttpResponse:
+    """Delete the agent after a confirmation. Members may, as any key with the write scope may through the API."""
+    agent = selectors.agent_get(workspace=membership.workspace, slug=agent_slug)
+    if request.method == "POST":
+        services.agent_delete(agent=agent)
+        messages.success(request, f"Deleted the agent {agent.name} with its requirements and prompts.")
+        return redirect("frontend:agent_list", workspace_slug=membership.workspace.slug)
+    return _render(
+        request,
+        membership,
+        "frontend/agents/delete.html",
+        {
+            "agent": agent,
+            "requirements_versions": selectors.requirements_version_list(agent=agent).count(),
+            "prompts": list(selectors.prompt_list(workspace=membership.workspace, agent=agent)),
+            # The keys limited to this agent alone, which agent_delete revokes rather than widen.
+            "keys": [
+                api_key
+                for api_key in selectors.apikey_list(workspace=membership.workspace, agent_ids=[agent.pk])
+                if not api_key.is_revoked
+            ],
+        },
     )
 
 

@@ -19,6 +19,7 @@ agent_patterns: list[URLPattern | URLResolver] = [
     path("alert-rules/<int:rule_id>/", alerts.agent_alert_rule_edit_view, name="agent_alert_rule_edit"),
     path("alert-rules/<int:rule_id>/delete/", alerts.agent_alert_rule_delete_view, name="agent_alert_rule_delete"),
     path("settings/", settings_views.agent_settings_view, name="agent_settings"),
+    path("delete/", settings_views.agent_delete_view, name="agent_delete"),
     path("router/", routing_views.agent_router_view, name="agent_router"),
     path("router/chain/", routing_views.agent_chain_save_view, name="agent_chain_save"),
     path("router/tools/", routing_views.agent_tool_create_view, name="agent_tool_create"),
@@ -44,6 +45,9 @@ prompt_patterns: list[URLPattern | URLResolver] = [
     path("", views.prompt_detail_view, name="prompt_detail"),
     path("versions/", views.prompt_version_create_view, name="prompt_version_create"),
     path("labels/", views.prompt_label_move_view, name="prompt_label_move"),
+    path("labels/<str:label>/delete/", views.prompt_label_delete_view, name="prompt_label_delete"),
+    path("edit/", views.prompt_update_view, name="prompt_update"),
+    path("delete/", views.prompt_delete_view, name="prompt_delete"),
     path("render/", views.prompt_render_view, name="prompt_render"),
 ]
 

@@ -570,6 +570,7 @@ def _prompt_page(
     prompt: Prompt,
     version_form: forms.PromptVersionForm | None = None,
     label_form: forms.PromptLabelMoveForm | None = None,
+    details_form: forms.PromptDetailsForm | None = None,
     status: int = 200,
 ) -> HttpResponse:
     views = _version_views(list(selectors.prompt_version_list(prompt=prompt)))
@@ -615,6 +616,7 @@ def _prompt_page(
             "moves": moves,
             "version_form": version_form,
             "label_form": label_form or forms.PromptLabelMoveForm(),
+            "details_form": details_form or forms.PromptDetailsForm.for_prompt(prompt),
             "diff": diff,
             "diff_from": before,
             "diff_to": after,
@@ -677,6 +679,78 @@ def prompt_label_move_view(request: HtmxHttpRequest, membership: Membership, pro
             messages.success(request, f"{form.cleaned_data['label']} now points at v{version.version}.")
             return redirect(reverse("frontend:prompt_detail", args=[membership.workspace.slug, prompt.pk]) + "#labels")
     return _prompt_page(request, membership, prompt, label_form=form, status=422)
+
+
+@workspace_view()
+@require_POST
+def prompt_update_view(request: HtmxHttpRequest, membership: Membership, prompt_id: int) -> HttpResponse:
+    """Change the prompt's description and tags."""
+    prompt = selectors.prompt_get_by_id(workspace=membership.workspace, prompt_id=prompt_id)
+    form = forms.PromptDetailsForm(request.POST)
+    if form.is_valid():
+        try:
+            services.prompt_update(
+                prompt=prompt, description=form.cleaned_data["description"], tags=form.cleaned_data["tags"]
+            )
+        except exceptions.PromptInvalid as error:
+            _keel_errors_to_form(form, error, {})
+        else:
+            messages.success(request, f"Saved the description and tags of {prompt.name}.")
+            return redirect(reverse("frontend:prompt_detail", args=[membership.workspace.slug, prompt.pk]) + "#details")
+    return _prompt_page(request, membership, prompt, details_form=form, status=422)
+
+
+@workspace_view(view_role=Role.MEMBER)
+@require_http_methods(["GET", "POST"])
+def prompt_delete_view(request: HtmxHttpRequest, membership: Membership, prompt_id: int) -> HttpResponse:
+    """Delete the prompt, after a confirmation that says what goes with it, or why it cannot go yet."""
+    prompt = selectors.prompt_get_by_id(workspace=membership.workspace, prompt_id=prompt_id)
+    status = 200
+    if request.method == "POST":
+        try:
+            services.prompt_delete(prompt=prompt)
+        except exceptions.PromptInUse:
+            # Refused: the page below names the reasons, read by the same selector the service used.
+            status = 409
+        else:
+            messages.success(request, f"Deleted the prompt {prompt.name} with its versions and labels.")
+            return redirect(
+                "frontend:agent_prompt_list", workspace_slug=membership.workspace.slug, agent_slug=prompt.agent.slug
+            )
+    versions = list(selectors.prompt_version_list(prompt=prompt))
+    return _render(
+        request,
+        membership,
+        "frontend/prompts/delete.html",
+        {
+            "agent": prompt.agent,
+            "prompt": prompt,
+            "versions": len(versions),
+            "labels": sorted(label.name for version in versions for label in version.labels.all()),
+            "reasons": selectors.prompt_in_use_reasons(prompt=prompt),
+        },
+        status=status,
+    )
+
+
+@workspace_view(view_role=Role.MEMBER)
+@require_http_methods(["GET", "POST"])
+def prompt_label_delete_view(
+    request: HtmxHttpRequest, membership: Membership, prompt_id: int, label: str
+) -> HttpResponse:
+    """Remove a label after a confirmation; the API allows every label, production included, and so does this."""
+    prompt = selectors.prompt_get_by_id(workspace=membership.workspace, prompt_id=prompt_id)
+    found = selectors.prompt_label_get(prompt=prompt, label=label)
+    if request.method == "GET":
+        return _render(
+            request,
+            membership,
+            "frontend/prompts/label_delete.html",
+            {"agent": prompt.agent, "prompt": prompt, "label": found},
+        )
+    services.prompt_label_delete(prompt=prompt, label=found.name, moved_by=membership.user)
+    messages.success(request, f"Removed the label {found.name} (it pointed at v{found.version.version}).")
+    return redirect(reverse("frontend:prompt_detail", args=[membership.workspace.slug, prompt.pk]) + "#labels")
 
 
 @workspace_view()

@@ -69,6 +69,8 @@ class Tenant:
     workspace: Workspace
     agent: Agent
     prompt: Prompt
+    # A prompt nothing uses (no production label, no trajectory), which can be deleted.
+    draft_prompt: Prompt
     api_key: ApiKey
     trajectory: Trajectory
     replay: Replay
@@ -132,6 +134,9 @@ def _tenant(workspace: Workspace, author: User) -> Tenant:
     services.prompt_version_create(
         prompt=first.prompt, template="Hi {{name}}! About {{topic}}:", commit_message="friendlier", created_by=author
     )
+    draft = services.prompt_create(
+        agent=agent, name="support/welcome", type="text", template="Welcome!", created_by=author
+    )
     api_key, _ = services.apikey_create(workspace=workspace, name="ingest", scopes=["ingest"], created_by=author)
     trajectory, mirror = _paused_mirror_with_a_failed_delivery(workspace, f"{workspace.slug}/refund")
     pending = replay.replay_create(original=trajectory, from_step=3, created_by=author)
@@ -149,6 +154,7 @@ def _tenant(workspace: Workspace, author: User) -> Tenant:
         workspace=workspace,
         agent=agent,
         prompt=first.prompt,
+        draft_prompt=draft.prompt,
         api_key=api_key,
         trajectory=trajectory,
         replay=pending,
@@ -325,6 +331,9 @@ def post_cases(tenant: Tenant) -> dict[str, tuple[str, dict[str, Any]]]:
             {"template": "Hey {{name}}", "config": "{}", "commit_message": "shorter", "labels": "production"},
         ),
         "prompt_label_move": (f"/w/{ws}/prompts/{prompt}/labels/", {"label": "production", "version": "2"}),
+        "prompt_label_delete": (f"/w/{ws}/prompts/{prompt}/labels/production/delete/", {}),
+        "prompt_update": (f"/w/{ws}/prompts/{prompt}/edit/", {"description": "Sorts tickets", "tags": "support"}),
+        "prompt_delete": (f"/w/{ws}/prompts/{tenant.draft_prompt.pk}/delete/", {}),
         "apikey_create": (f"/w/{ws}/keys/", {"name": "new key", "scopes": ["ingest", "read"]}),
         "apikey_revoke": (f"/w/{ws}/keys/{tenant.api_key.pk}/revoke/", {}),
         "trajectory_score_create": (
@@ -371,6 +380,7 @@ def post_cases(tenant: Tenant) -> dict[str, tuple[str, dict[str, Any]]]:
             },
         ),
         "agent_alert_rule_delete": (f"/w/{ws}/agents/{agent}/alert-rules/{tenant.rule.pk}/delete/", {}),
+        "agent_delete": (f"/w/{ws}/agents/{agent}/delete/", {}),
         "agent_settings_save": (
             f"/w/{ws}/agents/{agent}/settings/",
             {"name": "Ride support", "description": "Refunds", "status": "active", "trace_retention_days": "30"},
@@ -468,7 +478,7 @@ def db_state() -> dict[str, list[Any]]:
             )
         ),
         "requirements_versions": list(RequirementsVersion.objects.order_by("pk").values_list("pk", "version")),
-        "prompts": list(Prompt.objects.order_by("pk").values_list("pk", "name")),
+        "prompts": list(Prompt.objects.order_by("pk").values_list("pk", "name", "description", "tags")),
         "prompt_versions": list(PromptVersion.objects.order_by("pk").values_list("pk", "version")),
         "labels": list(PromptLabel.objects.order_by("pk").values_list("prompt_id", "name", "version_id")),
         "label_moves": list(PromptLabelMove.objects.order_by("pk").values_list("pk", flat=True)),

@@ -70,6 +70,9 @@ POSTS = [
     "prompt_create",
     "prompt_version_create",
     "prompt_label_move",
+    "prompt_label_delete",
+    "prompt_update",
+    "prompt_delete",
     "apikey_create",
     "apikey_revoke",
     "trajectory_score_create",
@@ -82,6 +85,7 @@ POSTS = [
     "agent_alert_rule_edit",
     "agent_alert_rule_delete",
     "agent_settings_save",
+    "agent_delete",
     "langfuse_mirror_configure",
     "langfuse_export_retry",
     "langfuse_mirror_delete",
@@ -215,7 +219,7 @@ def test_the_same_agent_slug_in_two_workspaces_shows_ones_own(tenant, other_tena
     response = member_client.get(page_urls(tenant)["agent_prompt_list"])
 
     assert response.context["agent"] == tenant.agent
-    assert list(response.context["prompts"]) == [tenant.prompt]
+    assert list(response.context["prompts"]) == [tenant.prompt, tenant.draft_prompt]
 
 
 def test_an_api_key_form_offers_only_the_workspaces_agents(tenant, other_tenant, owner_client):

@@ -123,7 +123,7 @@ def test_the_prompt_versions_offered_are_the_trajectory_agents(tenant, member_cl
     refused = _start(member_client, tenant, prompt_version="other/system:1")
 
     choices = [value for value, _ in page.context["replay_form"].fields["prompt_version"].choices]
-    assert choices == ["", "support/triage:2", "support/triage:1"]
+    assert choices == ["", "support/triage:2", "support/triage:1", "support/welcome:1"]
     assert refused.status_code == 422
     assert db_state() == before
     assert "Select a valid choice" in refused.context["replay_form"].errors["prompt_version"][0]
