@@ -358,6 +358,7 @@ _QUOTED = re.compile(
 # Encoded payloads: long base64 or hex runs.
 _BASE64_RUN = re.compile(r"(?<![A-Za-z0-9+/=])[A-Za-z0-9+/]{20,}={0,2}(?![A-Za-z0-9+/=])")
 _HEX_RUN = re.compile(r"(?<![0-9a-fA-F])(?:[0-9a-fA-F]{2}){12,}(?![0-9a-fA-F])")
+_ROT13_WORDS = ("ignore", "instruction", "previous", "system prompt", "disregard", "forget", "rules", "reveal")
 _ROT13_HINT = re.compile(r"\brot-?13\b|\bcaesar\b", _F)
 
 
@@ -413,7 +414,10 @@ def _decoded_payloads(text: str) -> list[tuple[str, str]]:
         readable = _printable(bytes.fromhex(found.group(0))[:MAX_DECODED])
         if readable:
             payloads.append(("hex", readable))
-    payloads.append(("rot13", codecs.decode(text[:MAX_DECODED], "rot13")))
+    rotated = codecs.decode(text[:MAX_DECODED], "rot13")
+    # Scoring costs as much as the first pass; only rot13 text that reads like an instruction is scored.
+    if any(word in rotated.casefold() for word in _ROT13_WORDS):
+        payloads.append(("rot13", rotated))
     return payloads
 
 
@@ -646,13 +650,13 @@ def _readable(raw: str) -> str:
     strings: list[str] = []
     try:
         _json_strings(json.loads(stripped), strings)
-    except ValueError:
+    except (ValueError, RecursionError):
         return raw
     for text in list(strings):
         if text.lstrip()[:1] in ("{", "[") and len(text) < MAX_DECODED:
             try:
                 _json_strings(json.loads(text), strings)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
     return "\n".join(strings)
 
