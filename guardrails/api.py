@@ -26,7 +26,7 @@ from agent_registry import services as registry_services
 from agent_registry.auth import key_auth, request_agent_ids, request_api_key, request_workspace
 from agent_registry.models import Agent, ApiKey, Scope
 from agent_registry.schemas import ErrorOut
-from config.errors import PermissionDenied, ValidationFailed
+from config.errors import KeelError, PermissionDenied, ValidationFailed
 from guardrails import boundary, budgets, exceptions, selectors, services
 from guardrails.models import ApprovalEvent, ApprovalRequest, Budget, BudgetScope, GuardrailViolation
 from guardrails.schemas import (
@@ -100,7 +100,7 @@ def _body(request: HttpRequest, schema: type[Schema]) -> Any:
     try:
         data = json.loads(text)
     except ValueError as error:
-        raise ValidationFailed(f"the request body is not JSON: {error}", code="invalid_json") from None
+        raise KeelError(f"the request body is not JSON: {error}", code="invalid_json") from None
     try:
         return schema.model_validate(data)
     except ValidationError as error:

@@ -330,6 +330,7 @@ def budget_create(
         raise exceptions.BudgetExists(
             f"there is already a {period} budget for this {scope.replace('_', ' ')}; delete it first"
         ) from None
+    budget.refresh_from_db()  # the limits as stored (scale of the column), as every later read shows them
     return budget
 
 

@@ -158,11 +158,17 @@ class PolicyDocument(Strict):
             raise ValueError(f"model check names must be unique and differ from built-in checks: {', '.join(clashes)}")
         return self
 
-    def rules_for(self, layer: Layer) -> list[CheckRule]:
-        return [rule for rule in self.checks if rule.layer is layer]
+    def rules_for(self, layer: Layer, source: str = "user") -> list[CheckRule]:
+        return [rule for rule in self.checks if rule.layer is layer and check_applies(rule.check, layer, source)]
 
     def model_rules_for(self, layer: Layer) -> list[ModelCheckRule]:
         return [rule for rule in self.model_checks if rule.layer is layer]
+
+
+def check_applies(check: str, layer: Layer, source: str) -> bool:
+    """Indirect injection is instructions hidden in data: on the input layer it reads documents, tool results
+    and other agents' messages, not what the user typed (direct injection covers that)."""
+    return not (check == "indirect_injection" and layer is Layer.INPUT and source == "user")
 
 
 # --- Defaults and mandatory rules -------------------------------------------------------------
@@ -241,7 +247,7 @@ def policy_errors(document: PolicyDocument, requirements: Requirements | None) -
             errors.append(
                 {
                     "field": field,
-                    "message": f"pii on input must redact or block: the privacy answer says {item.why}",
+                    "message": f"pii on input must redact or block ({item.why})",
                 }
             )
     return errors

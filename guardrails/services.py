@@ -200,7 +200,7 @@ def _builtin_checks(
     document: policy.PolicyDocument, layer: Layer, text: str, check_context: CheckContext
 ) -> tuple[str, list[_Hit], list[CheckResult]]:
     """Run the layer's built-in checks; redacting rules run one after another on the redacted text."""
-    rules = document.rules_for(layer)
+    rules = document.rules_for(layer, check_context.source)
     hits: list[_Hit] = []
     results: list[CheckResult] = []
     plain = [rule for rule in rules if rule.action is not Action.REDACT]
