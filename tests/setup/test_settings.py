@@ -71,4 +71,4 @@ def test_without_settings_the_database_is_embedded_and_the_broker_needs_no_serve
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout)
     assert printed["db"]["ENGINE"] == "config.embedded_db"
-    assert printed["broker"] == (broker or "filesystem://")
+    assert printed["broker"] == (broker or "keelfs://")

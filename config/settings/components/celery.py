@@ -1,4 +1,5 @@
-"""Celery: CELERY_BROKER_URL when set (redis://, amqp://), else kombu's filesystem transport.
+"""Celery: CELERY_BROKER_URL when set (redis://, amqp://), else kombu's filesystem transport (with
+atomic writes: config/broker.py).
 
 The filesystem transport needs no server, keeps queued messages across restarts and supports
 fanout (so `celery inspect` works). Work state lives in PostgreSQL, not in the broker: a task
@@ -20,7 +21,10 @@ BROKER_DIR = Path(env_str("KEEL_BROKER_DIR", str(_BASE_DIR / "var" / "broker")))
 
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any]
 if CELERY_BROKER_EMBEDDED:
-    CELERY_BROKER_URL = "filesystem://"
+    # kombu's filesystem transport with atomic writes (config/broker.py registers the scheme).
+    import config.broker  # noqa: F401
+
+    CELERY_BROKER_URL = "keelfs://"
     for folder in ("queue", "control", "processed"):
         (BROKER_DIR / folder).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
