@@ -158,6 +158,11 @@ def request_uses_tools(*, messages: Iterable[Mapping[str, Any]], tools: Sequence
     return False
 
 
+def request_hash(request_text: str) -> str:
+    """The SHA-256 (hex) of a request's text, which finds exact repeats through an index."""
+    return hashlib.sha256(request_text.encode()).hexdigest()
+
+
 def system_hash(system_prompt: str) -> str:
     """The SHA-256 (hex) of the system prompt exactly as sent, the last part of an entry's scope."""
     return hashlib.sha256(system_prompt.encode()).hexdigest()
@@ -206,10 +211,15 @@ def cache_lookup(
     embedding: list[float],
     threshold: float,
     now: datetime | None = None,
+    request_text: str | None = None,
 ) -> tuple[CacheEntry, float] | None:
     """The unexpired entry of exactly this scope nearest to `embedding`, with its cosine similarity
     (1 - cosine distance), when that similarity is at least `threshold`; else None. The entry comes
     without its embedding (deferred).
+
+    With `request_text`, an entry stored for the very same text is found first, by its hash: an
+    approximate index can miss a vector that many identical entries share, and exact repeats are the
+    commonest hits.
 
     Two plans, chosen by the size of the scope, counted up to `EXACT_SCAN_LIMIT` + 1 rows: a small
     scope is searched exactly, a large one through the HNSW index. The threshold is applied here rather
@@ -224,6 +234,15 @@ def cache_lookup(
         system_prompt_hash=system_prompt_hash,
         now=now or timezone.now(),
     )
+    if request_text is not None:
+        repeat = (
+            scope.filter(request_hash=request_hash(request_text), request_text=request_text)
+            .defer("embedding")
+            .order_by("-created_at")
+            .first()
+        )
+        if repeat is not None:
+            return repeat, 1.0
     size = scope.values("pk")[: EXACT_SCAN_LIMIT + 1].count()
     if size == 0:
         return None
@@ -307,6 +326,7 @@ def cache_store(
         prompt_version=prompt_version,
         system_hash=system_prompt_hash,
         request_text=request_text,
+        request_hash=request_hash(request_text),
         embedding=embedding,
         response=response,
         trace_id=trace_id,

@@ -407,6 +407,7 @@ def _cache_check(plan: _Plan) -> tiers.TierResult | None:
         system_prompt_hash=plan.system_hash,
         embedding=plan.embedding,
         threshold=config.cache_threshold,
+        request_text=plan.request_text,
     )
     if found is None:
         plan.recorder.span(name="cache lookup: miss", span_type="retriever", start_ns=started)

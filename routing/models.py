@@ -331,6 +331,7 @@ class CacheEntry(models.Model):
     )
     system_hash = models.CharField(max_length=64)
     request_text = models.TextField()
+    request_hash = models.CharField(max_length=64, blank=True)  # sha256 of request_text: exact repeats
     embedding = VectorField(dimensions=EMBEDDING_DIMENSIONS)
     response = models.JSONField()  # {"message": {...}, "usage": {...}, "model": "..."}
     trace_id = models.CharField(max_length=32)
@@ -342,6 +343,7 @@ class CacheEntry(models.Model):
         indexes: ClassVar = [
             models.Index(fields=["agent", "model_target", "prompt_version", "system_hash"], name="cacheentry_scope"),
             models.Index(fields=["expires_at"], name="cacheentry_expiry"),
+            models.Index(fields=["agent", "request_hash"], name="cacheentry_request"),
             HnswIndex(
                 name="cacheentry_embedding",
                 fields=["embedding"],

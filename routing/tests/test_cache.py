@@ -150,6 +150,15 @@ def test_cache_lookup_finds_the_same_request_and_a_paraphrase(agent, target):
     assert lookup(agent, target, UNRELATED, threshold=0.5) is None
 
 
+def test_an_exact_repeat_is_found_by_its_text_whatever_its_vector(agent, target):
+    stored = store(agent, target)
+    far = [0.0] * 255 + [1.0]  # a vector nowhere near the stored one: only the text can find it
+
+    assert lookup(agent, target, embedding=far) is None
+    assert lookup(agent, target, embedding=far, request_text=REQUEST) == (stored, 1.0)
+    assert lookup(agent, target, embedding=far, request_text=REQUEST + "?") is None
+
+
 def test_cache_lookup_returns_the_nearest_entry(agent, target):
     store(agent, target, embedding=unit(1.0, 1.0))
     nearest = store(agent, target, embedding=unit(1.0, 0.2))
