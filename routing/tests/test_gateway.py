@@ -541,7 +541,8 @@ def test_moving_the_production_label_retires_the_old_versions_cache_entries(gate
     gateway.config.cache_enabled = True
     gateway.config.save()
     gateway.ask("How do I reset my password?")
-    (entry,) = CacheEntry.objects.all()
+    (entry,) = CacheEntry.objects.select_related("prompt_version__prompt")
+    assert entry.prompt_version is not None
     prompt = entry.prompt_version.prompt
     newer = registry_services.prompt_version_create(
         prompt=prompt, template=[{"role": "system", "content": "You help {{company}}'s riders."}], labels=["production"]
