@@ -333,7 +333,6 @@ def guardrail_evaluate(
 # --- Approvals --------------------------------------------------------------------------------
 
 
-@transaction.atomic
 def approval_decide(
     *,
     approval: ApprovalRequest,
@@ -344,33 +343,35 @@ def approval_decide(
 ) -> ApprovalRequest:
     """A person's decision on a pending request, by a user (the dashboard) or through a key with the `write`
     scope (recorded as the decider). One decision only: a request already decided, used or expired is
-    refused with 409 and left as it was."""
+    refused with 409 and left as it was (a pending one past its time is marked expired)."""
     if user is None and api_key is None:
         raise exceptions.ApprovalDeciderMissing("a decision needs a decider: a user or an API key")
     now = timezone.now()
     status = ApprovalStatus.APPROVED if approved else ApprovalStatus.REJECTED
-    # Conditional UPDATE: of two concurrent decisions, one finds the request pending.
-    decided = ApprovalRequest.objects.filter(pk=approval.pk, status=ApprovalStatus.PENDING, expires_at__gt=now).update(
-        status=status, decided_by=user, decided_by_key=api_key, decided_at=now, decision_note=note
-    )
+    with transaction.atomic():
+        # Conditional UPDATE: of two concurrent decisions, one finds the request pending.
+        decided = ApprovalRequest.objects.filter(
+            pk=approval.pk, status=ApprovalStatus.PENDING, expires_at__gt=now
+        ).update(status=status, decided_by=user, decided_by_key=api_key, decided_at=now, decision_note=note)
+        if decided:
+            ApprovalEvent.objects.create(
+                approval_id=approval.pk,
+                kind=ApprovalEventKind.APPROVED if approved else ApprovalEventKind.REJECTED,
+                actor_user=user,
+                actor_key=api_key,
+                note=note,
+            )
     if not decided:
         current = ApprovalRequest.objects.get(pk=approval.pk)
-        if current.status == ApprovalStatus.PENDING:
-            approval_expire(approval=current)
-            current.refresh_from_db()
+        if current.status == ApprovalStatus.PENDING and approval_expire(approval=current):
+            current.status = ApprovalStatus.EXPIRED
         raise exceptions.ApprovalAlreadyDecided(f"approval {approval.pk} is {current.status}, not pending")
-    ApprovalEvent.objects.create(
-        approval_id=approval.pk,
-        kind=ApprovalEventKind.APPROVED if approved else ApprovalEventKind.REJECTED,
-        actor_user=user,
-        actor_key=api_key,
-        note=note,
-    )
     logger.info("guardrails.approval_decided", extra={"approval_id": approval.pk, "status": status})
     approval.refresh_from_db()
     return approval
 
 
+@transaction.atomic
 def approval_expire(*, approval: ApprovalRequest) -> bool:
     """Expire a pending or approved-but-unused request past its time; True if this call expired it."""
     expired = ApprovalRequest.objects.filter(
@@ -390,6 +391,5 @@ def approval_requests_expire() -> int:
         status__in=[ApprovalStatus.PENDING, ApprovalStatus.APPROVED], expires_at__lte=timezone.now()
     ).only("pk")
     for approval in due.iterator():
-        with transaction.atomic():
-            count += approval_expire(approval=approval)
+        count += approval_expire(approval=approval)
     return count

@@ -497,3 +497,33 @@ def test_another_workspace_cannot_use_or_open_approvals_here(intruder, planted, 
     assert response.json()["pending_approval_id"] != planted["approval"]
     assert ApprovalRequest.objects.get(pk=planted["approval"]).status == "pending"
     assert guard_state()["approvals"][0] == before["approvals"][0]
+
+
+TENANCY_COVERED = {
+    ("POST", "/api/v1/guardrails/check"),  # test_check_runs_on_the_callers_agent_only
+    ("POST", "/api/v1/guardrails/tool-calls"),  # test_another_workspace_cannot_use_or_open_approvals_here
+    ("GET", "/api/v1/agents/{slug}/guardrail-policy"),  # test_another_workspace_changes_only_its_own_policy
+    ("PUT", "/api/v1/agents/{slug}/guardrail-policy"),
+    ("GET", "/api/v1/guardrails/violations"),  # test_another_workspace_lists_only_its_own_rows
+    ("GET", "/api/v1/approvals"),
+    ("GET", "/api/v1/budgets"),
+    ("GET", "/api/v1/budgets/status"),
+    ("POST", "/api/v1/budgets"),  # test_a_budget_for_another_workspaces_key_is_refused
+    ("GET", "/api/v1/approvals/{approval_id}"),  # NAMED
+    ("POST", "/api/v1/approvals/{approval_id}/decide"),
+    ("DELETE", "/api/v1/budgets/{budget_id}"),
+}
+
+
+def test_the_tenancy_cases_cover_every_guardrails_path_and_method(db):
+    from django.test import Client
+
+    document = Client().get("/api/v1/openapi.json").json()
+    served = {
+        (method.upper(), path)
+        for path, operations in document["paths"].items()
+        for method, operation in operations.items()
+        if "guardrails" in operation.get("tags", [])
+    }
+
+    assert served == TENANCY_COVERED

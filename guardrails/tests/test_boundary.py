@@ -244,12 +244,12 @@ def test_an_expired_request_cannot_be_approved_and_a_new_attempt_opens_a_new_one
         expires_at=timezone.now() - timedelta(minutes=1),
     )
 
-    with pytest.raises(ApprovalAlreadyDecided):
+    with pytest.raises(ApprovalAlreadyDecided, match=f"approval {old.pk} is expired, not pending"):
         services.approval_decide(approval=old, user=UserFactory.create(), approved=True, note="")
+    old.refresh_from_db()
+    assert (old.status, old.decided_by, old.decided_at) == ("expired", None, None)
     verdict = boundary.tool_call_authorize(call)
 
-    old.refresh_from_db()
-    assert old.status == "expired"
     assert verdict.pending_approval_id not in (None, old.pk)
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from agent_registry.tests.factories import AgentFactory
-from guardrails import services
+from guardrails import selectors, services
 from guardrails.checks import canary_token
 from guardrails.exceptions import LayerUnknown
 from guardrails.interface import Action
@@ -173,3 +173,19 @@ def test_evidence_is_bounded(workspace):
     services.guardrail_evaluate(agent=agent, layer="input", content=emails)
 
     assert len(GuardrailViolation.objects.get().evidence) <= 500
+
+
+def test_violations_per_day_and_check_for_rates_over_time(workspace, other_workspace):
+    agent = guarded_agent(workspace=workspace)
+    services.guardrail_evaluate(agent=agent, layer="input", content=INJECTION)
+    services.guardrail_evaluate(agent=agent, layer="input", content=INJECTION)
+    services.guardrail_evaluate(agent=agent, layer="input", content="mail bob@example.com")
+    services.guardrail_evaluate(agent=guarded_agent(workspace=other_workspace), layer="input", content=INJECTION)
+    today = GuardrailViolation.objects.earliest("created_at").created_at
+
+    counts = selectors.violation_daily_counts(workspace=workspace, since=today.replace(hour=0, minute=0, second=0))
+
+    assert counts == [
+        {"day": today.date(), "check": "pii", "count": 1},
+        {"day": today.date(), "check": "prompt_injection", "count": 2},
+    ]
