@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -95,6 +95,18 @@ def request_cost_estimate(
 def period_start(period: str, now: datetime | None = None) -> date:
     today = (now or timezone.now()).date()
     return today.replace(day=1) if period == BudgetPeriod.MONTH else today
+
+
+def seconds_to_next_period(period: str, now: datetime | None = None) -> int:
+    """Seconds until the budget's next period starts (UTC midnight, or the first of next month)."""
+    now = now or timezone.now()
+    start = period_start(period, now)
+    if period == BudgetPeriod.MONTH:
+        following = date(start.year + start.month // 12, start.month % 12 + 1, 1)
+    else:
+        following = start + timedelta(days=1)
+    boundary = datetime(following.year, following.month, following.day, tzinfo=UTC)
+    return max(1, int((boundary - now).total_seconds()))
 
 
 def budgets_matching(
@@ -212,6 +224,7 @@ def budget_reserve(
         _alert(outcome.budget, outcome.period_start, BudgetAlertKind.EXCEEDED, outcome.detail)
         raise exceptions.BudgetExceeded(
             outcome.detail,
+            retry_after=seconds_to_next_period(outcome.budget.period),
             budget={
                 "id": outcome.budget.pk,
                 "scope": outcome.budget.scope,

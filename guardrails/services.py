@@ -280,7 +280,8 @@ def guardrail_evaluate(
     record a `GuardrailViolation` per hit. `context` may carry `system_prompt`, `canary` (or `prompt_name`
     and `prompt_version` to derive it), `json_schema` and `allowed_topics`. The verdict is the most severe
     action among the hits; a model-based check that fails is recorded and follows its fail_open setting.
-    Raises LayerUnknown; never fails on the content itself (invalid JSON for a schema is a violation)."""
+    `api_key` is the caller's key when the API asks (logged with the hits). Raises LayerUnknown; never fails on
+    the content itself (invalid JSON for a schema is a violation)."""
     started = time.perf_counter()
     resolved_layer = _layer(layer)
     effective = guardrail_policy_get(agent=agent)
@@ -310,7 +311,13 @@ def guardrail_evaluate(
     if hits:
         logger.info(
             "guardrails.violations_recorded",
-            extra={"agent_id": agent.pk, "layer": resolved_layer.value, "verdict": verdict.value, "count": len(hits)},
+            extra={
+                "agent_id": agent.pk,
+                "api_key_id": api_key.pk if api_key else None,
+                "layer": resolved_layer.value,
+                "verdict": verdict.value,
+                "count": len(hits),
+            },
         )
     return GuardrailOutcome(
         verdict=verdict,

@@ -74,6 +74,7 @@ def test_a_request_over_the_limit_is_refused_and_holds_nothing(workspace):
         "the daily budget of the workspace is spent: $0.1000 of $0.5000 left, this request may cost up to $0.2000"
     )
     assert refused.value.extra["budget"] == {"id": budget.pk, "scope": "workspace", "scope_value": "", "period": "day"}
+    assert 0 < refused.value.extra["retry_after"] <= 86_400
     assert usage_state() == before
     assert BudgetReservation.objects.count() == 1
     assert list(BudgetAlert.objects.values_list("kind", flat=True)) == ["exceeded"]
@@ -157,6 +158,11 @@ def test_periods_start_on_the_utc_day_and_month():
 
     assert budgets.period_start("day", moment) == date(2026, 3, 17)
     assert budgets.period_start("month", moment) == date(2026, 3, 1)
+
+
+def test_retry_after_counts_to_the_next_period():
+    assert budgets.seconds_to_next_period("day", datetime(2026, 3, 17, 23, 30, tzinfo=UTC)) == 1800
+    assert budgets.seconds_to_next_period("month", datetime(2026, 12, 31, 23, 0, tzinfo=UTC)) == 3600
 
 
 def test_a_new_day_starts_from_nothing(workspace):
