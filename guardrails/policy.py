@@ -253,6 +253,26 @@ def policy_errors(document: PolicyDocument, requirements: Requirements | None) -
     return errors
 
 
+def policy_enforced(document: PolicyDocument, requirements: Requirements | None) -> PolicyDocument:
+    """The document with every mandatory check in force. A saved policy was valid when saved, but the
+    requirements may have changed since (a new tool makes injection mandatory): a missing or weakened
+    mandatory rule runs with its default action until the policy is saved again."""
+    if not policy_errors(document, requirements):
+        return document
+    by_pair = {(rule.check, rule.layer): rule for rule in document.checks}
+    for item in mandatory_checks(requirements):
+        default = _DEFAULT_ACTIONS.get((item.check, item.layer), Action.BLOCK)
+        rule = by_pair.get((item.check, item.layer))
+        weak = rule is None or rule.action is Action.ALLOW
+        if item.check == "pii" and item.layer is Layer.INPUT and rule is not None:
+            weak = weak or rule.action not in (Action.REDACT, Action.BLOCK)
+        if weak:
+            by_pair[(item.check, item.layer)] = CheckRule(
+                check=item.check, layer=item.layer, action=default, threshold=rule.threshold if rule else None
+            )
+    return document.model_copy(update={"checks": list(by_pair.values())})
+
+
 # --- Combining --------------------------------------------------------------------------------
 
 

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from agent_registry import selectors as registry_selectors
 from agent_registry.models import Agent, ApiKey, User
+from agent_registry.requirements import Requirements
 from config import crypto
 from guardrails import exceptions, model_checks, policy
 from guardrails.checks import canary_token, run_checks
@@ -54,11 +55,12 @@ class EffectivePolicy:
     document: policy.PolicyDocument
     saved: bool
     mandatory: list[policy.Mandatory]
+    requirements: Requirements | None = field(repr=False)
     canary_secret: str = field(repr=False)
     updated_at: datetime | None = None
 
     def tools(self) -> policy.ToolPolicy:
-        return policy.tool_policy(registry_selectors.requirements_current(agent=self.agent), self.document)
+        return policy.tool_policy(self.requirements, self.document)
 
 
 def _default_canary_secret(agent: Agent) -> str:
@@ -76,13 +78,15 @@ def guardrail_policy_get(*, agent: Agent) -> EffectivePolicy:
             document=policy.default_policy(requirements),
             saved=False,
             mandatory=mandatory,
+            requirements=requirements,
             canary_secret=_default_canary_secret(agent),
         )
     return EffectivePolicy(
         agent=agent,
-        document=policy.PolicyDocument.model_validate(saved.document),
+        document=policy.policy_enforced(policy.PolicyDocument.model_validate(saved.document), requirements),
         saved=True,
         mandatory=mandatory,
+        requirements=requirements,
         canary_secret=crypto.decrypt(saved.canary_secret_encrypted)
         if saved.canary_secret_encrypted
         else _default_canary_secret(agent),

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent_registry.tests.factories import AgentFactory
+from agent_registry import services as registry_services
+from agent_registry.tests.factories import AgentFactory, requirements_answers
 from config import crypto
 from guardrails import policy, services
 from guardrails.exceptions import GuardrailPolicyInvalid
@@ -192,3 +193,19 @@ def test_the_tool_policy_lists_derived_constraints(workspace):
         "require_approval", "issue_refund.amount <= 20 does not hold"
     )
     assert Layer.TOOL in {rule.layer for rule in services.guardrail_policy_get(agent=agent).document.checks}
+
+
+def test_a_check_made_mandatory_after_saving_runs_anyway(workspace):
+    agent = AgentFactory.create(workspace=workspace)
+    document = document_of(agent)
+    document["checks"] = [rule for rule in document["checks"] if rule["check"] != "prompt_injection"]
+    services.guardrail_policy_update(agent=agent, document=document)
+
+    # The agent gets tools and pseudonymised PII: injection and PII become mandatory.
+    registry_services.requirements_version_create(agent=agent, answers=requirements_answers(), message="tools")
+    effective = services.guardrail_policy_get(agent=agent)
+
+    assert ("prompt_injection", "input", "block") in rules(effective)
+    assert ("pii", "input", "redact") in rules(effective)
+    assert ("indirect_injection", "tool", "block") in rules(effective)
+    assert GuardrailPolicy.objects.get().document["checks"] == document["checks"]
