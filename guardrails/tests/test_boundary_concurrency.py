@@ -11,6 +11,7 @@ from django.db import connection
 
 from agent_registry.tests.factories import UserFactory
 from guardrails import boundary, services
+from guardrails.exceptions import ApprovalAlreadyDecided
 from guardrails.models import ApprovalEvent, ApprovalRequest, ToolCallCounter
 from guardrails.tests.factories import guarded_agent
 from guardrails.tests.test_boundary import approval_of, save_policy, tool_call
@@ -89,3 +90,33 @@ def test_a_rate_limit_holds_under_concurrent_calls(workspace):
     counts = dict(ToolCallCounter.objects.values_list("window", "count"))
     # Only the calls let through are counted, in each window.
     assert counts == {"conversation": 3, "day": 3}
+
+
+def test_concurrent_decisions_leave_one_decision(workspace):
+    agent = guarded_agent(workspace=workspace)
+    approval = approval_of(boundary.tool_call_authorize(tool_call(agent)))
+    people = [UserFactory.create(username=f"reviewer{n}") for n in range(THREADS)]
+    start = threading.Barrier(THREADS)
+
+    def decide(n: int) -> bool:
+        try:
+            start.wait(timeout=10)
+            services.approval_decide(approval=approval, user=people[n], approved=n % 2 == 0, note=f"reviewer {n}")
+            return True
+        except ApprovalAlreadyDecided:
+            return False
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=THREADS) as pool:
+        outcomes = [future.result() for future in [pool.submit(decide, n) for n in range(THREADS)]]
+
+    assert outcomes.count(True) == 1
+    approval.refresh_from_db()
+    assert approval.decided_by is not None
+    winner = people.index(approval.decided_by)
+    assert (approval.status, approval.decision_note) == (
+        "approved" if winner % 2 == 0 else "rejected",
+        f"reviewer {winner}",
+    )
+    assert ApprovalEvent.objects.filter(approval=approval, kind__in=["approved", "rejected"]).count() == 1
