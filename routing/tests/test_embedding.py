@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 
 import pytest
 
@@ -110,21 +109,6 @@ def test_identifiers_pull_requests_apart():
 def test_inflections_share_trigrams():
     assert cosine(embed_offline("refunded"), embed_offline("refund")) > 0.15
     assert cosine(embed_offline("refunded"), embed_offline("luggage")) < 0.1
-
-
-def test_embed_offline_is_fast():
-    rng = random.Random(5)
-    vocabulary = ["refund", "charge", "twice", "trip", "order", "delivery", "address", "cancel", "password", "late"]
-    texts = [" ".join(rng.choice(vocabulary) for _ in range(50)) for _ in range(200)]
-    embed_offline(texts[0])  # the vocabulary's features are cached per word
-
-    start = time.perf_counter()
-    for text in texts:
-        embed_offline(text)
-    per_request_ms = (time.perf_counter() - start) / len(texts) * 1000
-
-    # ~0.1 ms on one core; the bound leaves room for a loaded CI machine.
-    assert per_request_ms < 1.0
 
 
 def test_project_of_native_width_only_normalises():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from typing import Any
 
 import pytest
@@ -928,9 +927,7 @@ def test_a_one_megabyte_tool_result_is_cheap_and_still_read() -> None:
     run.call("get_ride", {"ride_id": "all"}, huge_text).call("get_ride", {"ride_id": "all", "verbose": True}, huge_json)
     run.say("Exported.").user("And the log?").llm_error("provider failure: " + "y" * 1_000_000)
     view = run.view()
-    started = time.perf_counter()
-    report = signals_compute(view)
-    assert time.perf_counter() - started < 0.5
+    report = signals_compute(view)  # how fast: bench/bench_triage.py measures it, not this test
     assert [(i.kind, i.step_indices) for i in only(report, "failure")] == [
         ("exception_text", (3,)),
         ("status_field", (5,)),
