@@ -368,6 +368,12 @@ def _answer(plan: _Plan, result: tiers.TierResult, *, cache_hit: bool = False) -
             "routing_reason": decision.reason if decision else None,
             "cache_hit": cache_hit,
             **({"handoff_id": result.handoff.pk} if result.handoff else {}),
+            # A gated tool call waits for a person; the same call goes through once it is approved.
+            **(
+                {"approval": {"id": result.pending_approval_id, "status": "pending"}}
+                if result.pending_approval_id
+                else {}
+            ),
             **({"error": {"type": result.error_type, "message": result.error_message}} if result.error_type else {}),
         },
     )

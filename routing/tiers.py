@@ -68,6 +68,7 @@ class TierResult:
     error_type: str | None = None
     error_message: str | None = None
     handoff: Handoff | None = None
+    pending_approval_id: int | None = None
     steps: int = 0
 
     @property
@@ -328,9 +329,16 @@ def agentic(context: TierContext, messages: Sequence[Mapping[str, Any]]) -> Tier
                 start_ns=time.time_ns(),
                 status="error",
                 status_message=verdict.reason,
-                metadata={"tool": name, "verdict": "blocked", "reason": verdict.reason},
+                metadata={
+                    "tool": name,
+                    "verdict": "require_approval" if verdict.pending_approval_id else "blocked",
+                    "reason": verdict.reason,
+                    "approval_id": verdict.pending_approval_id,
+                },
             )
-            result.status, result.error_type, result.error_message = "error", "action_blocked", verdict.reason
+            result.pending_approval_id = verdict.pending_approval_id
+            kind = "approval_required" if verdict.pending_approval_id else "action_blocked"
+            result.status, result.error_type, result.error_message = "error", kind, verdict.reason
             result.message = {"role": "assistant", "content": f"I can't do that: {verdict.reason}"}
             result.finish_reason = "stop"
             return result

@@ -55,6 +55,9 @@ def test_a_refund_over_the_limit_waits_for_approval_and_runs_once_after_it(gatew
     assert waiting["choices"][0]["message"]["content"].startswith(
         f"I can't do that: waiting for a person's approval (request {approval.pk})"
     )
+    assert waiting["keel"]["approval"] == {"id": approval.pk, "status": "pending"}
+    assert waiting["keel"]["error"]["type"] == "approval_required"
+    assert "approval" not in resumed["keel"]
     assert (approval.conversation_id, approval.tool, approval.arguments) == (
         "conv-42",
         "issue_refund",
