@@ -1,12 +1,13 @@
 """The demo workspace's gateway traffic, produced by the gateway itself.
 
 Model targets on the demo's fake provider (routing/demo_provider.py: `keel-demo/...`, no model server
-needed), the ride-support router (rules, a chain, client-side tools, shadow traffic judged by a judge
-target, the semantic cache) and the shopping assistant's (single call, cache). Then a day of requests
-goes through `routing.gateway.chat_completion` exactly as an app's would: the demo plays the client,
-answering tool calls with canned results. After the first wave, the trajectories are assembled and their
-outcomes scored, so that the second wave's similar requests are routed by the learned estimate. Shadow
-runs are executed, one cache hit is flagged as false, and one hand-off is resolved. Idempotent: a
+needed) with prices for them, the ride-support router (a rule, intents for its requirements' escalation
+rules, a two-step chain, every request shadowed and judged by a judge target, the semantic cache) and the
+shopping assistant's (single call, cache). Then requests go through `routing.gateway.chat_completion`
+exactly as an app's would. After the first wave, the trajectories are assembled and their outcomes
+scored, so that the second wave's similar requests are routed by the learned estimate. Shadow runs are
+executed, one cache hit is reviewed, and one hand-off is resolved. The ride-support agent's requirements
+do not enable the agentic tier, so the demo has no tool loop (the tests run one). Idempotent: a
 workspace whose ride-support agent already has routing decisions is left alone.
 """
 
