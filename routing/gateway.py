@@ -28,6 +28,7 @@ from config.errors import KeelError, ValidationFailed
 from routing import cache, providers, router, selectors, tiers
 from routing.chat import ChatCompletionRequest, chunk_body, completion_body
 from routing.models import (
+    Handoff,
     ModelTarget,
     OutcomeStatus,
     RouterConfig,
@@ -314,7 +315,7 @@ def _record(
                 cost_usd=None if cost is None else Decimal(str(cost)),
             )
             if result is not None and result.handoff is not None:
-                type(result.handoff).objects.filter(pk=result.handoff.pk).update(decision=row)
+                Handoff.objects.filter(pk=result.handoff.pk).update(decision=row)
         tracing_services.ingest_spans_accept(api_key=plan.api_key, spans=spans)
     return row
 
@@ -487,16 +488,8 @@ def _proxy(plan: _Plan, target: ModelTarget) -> tiers.TierResult:
     parameters = plan.request.parameters()
     if plan.request.tools:
         parameters["tools"] = plan.request.tools_json()
-    started = time.time_ns()
-    try:
-        completion = providers.completion(target=target, messages=plan.messages, parameters=parameters)
-    except providers.ProviderFailed as error:
-        plan.recorder.failed_generation(error, model=target.model, messages=plan.messages, start_ns=started)
-        raise
-    plan.recorder.generation(completion, messages=plan.messages, tools=plan.request.tools_json())
-    return tiers.TierResult(
-        message=completion.message, finish_reason=completion.finish_reason, completions=[completion], steps=1
-    )
+    completion = tiers.model_call(plan.recorder, target, plan.messages, parameters, tools=plan.request.tools_json())
+    return tiers.single_result(completion)
 
 
 def _execute(plan: _Plan, target: ModelTarget | None) -> dict[str, Any]:
@@ -516,11 +509,16 @@ def _execute(plan: _Plan, target: ModelTarget | None) -> dict[str, Any]:
     except KeelError as error:
         _record(plan, output=None, status="error", result=result, error=error)
         raise
+    _settle(plan, result, cache_hit=cache_hit)
+    return _answer(plan, result, cache_hit=cache_hit)
+
+
+def _settle(plan: _Plan, result: tiers.TierResult, *, cache_hit: bool = False) -> None:
+    """After an answer: record the request, keep the answer in the cache, and maybe shadow it."""
     row = _record(plan, output=[result.message], status=result.status, result=result, cache_hit=cache_hit)
     if not cache_hit:
-        _cache_store_maybe(plan, result)
+        _cache_store_maybe(plan, result)  # stores only a finished, successful answer
     _shadow_maybe(plan, row, result)
-    return _answer(plan, result, cache_hit=cache_hit)
 
 
 def chat_completion(*, api_key: ApiKey, request: ChatCompletionRequest, conversation_id: str = "") -> GatewayAnswer:
@@ -627,12 +625,7 @@ def _stream_live(
     finally:
         completion = state.completion()
         plan.recorder.generation(completion, messages=plan.messages, tools=plan.request.tools_json())
-        result = tiers.TierResult(
-            message=completion.message, finish_reason=completion.finish_reason, completions=[completion], steps=1
-        )
+        result = tiers.single_result(completion)
         if state.error:
             result.status, result.error_type, result.error_message = "error", "stream_interrupted", state.error
-        row = _record(plan, output=[completion.message], status=result.status, result=result)
-        if result.status == "ok":
-            _cache_store_maybe(plan, result)
-        _shadow_maybe(plan, row, result)
+        _settle(plan, result)

@@ -31,7 +31,7 @@ from config.errors import KeelError
 from routing import demo_provider
 from routing.models import ModelTarget
 from tracing import pricing
-from tracing.models import ModelPriceOverride
+from tracing import selectors as tracing_selectors
 
 logger = logging.getLogger("routing.providers")
 
@@ -207,12 +207,7 @@ def _workspace_prices(workspace_id: int) -> dict[str, pricing.ModelPrice]:
     cached = _prices.get(workspace_id)
     if cached is not None and time.monotonic() - cached[0] < PRICE_CACHE_SECONDS:
         return cached[1]
-    prices = {
-        row.model: pricing.ModelPrice.per_million(
-            row.input_usd_per_million, row.output_usd_per_million, row.cache_read_usd_per_million
-        )
-        for row in ModelPriceOverride.objects.filter(workspace_id=workspace_id)
-    }
+    prices = tracing_selectors.model_price_overrides(workspace_id=workspace_id)
     _prices[workspace_id] = (time.monotonic(), prices)
     return prices
 
@@ -251,6 +246,32 @@ def _attempts_detail(attempts: Sequence[Attempt]) -> str:
     return "; ".join(f"{a.alias}: {a.error}" for a in attempts[-3:])
 
 
+def _tries(target: ModelTarget) -> Iterator[ModelTarget]:
+    """The target, then each fallback, each as many times as its retries allow."""
+    for candidate in targets_in_order(target):
+        for _ in range(1 + candidate.max_retries):
+            yield candidate
+
+
+def _attempt_failed(candidate: ModelTarget, error: Exception, attempts: list[Attempt]) -> None:
+    """Record a failed attempt; raise ProviderFailed at once when retrying cannot help."""
+    retryable = _retryable(error)
+    text = f"{type(error).__name__}: {error}"[:1000]
+    attempts.append(Attempt(candidate.alias, candidate.model, text, _status_code(error), retryable))
+    _failure_record(candidate, text)
+    if not retryable:
+        raise ProviderFailed(
+            f"the model provider refused the request: {text}", attempts=[_attempt_json(a) for a in attempts]
+        ) from None
+
+
+def _all_failed(attempts: Sequence[Attempt]) -> ProviderFailed:
+    return ProviderFailed(
+        f"every model target failed ({len(attempts)} attempts): {_attempts_detail(attempts)}",
+        attempts=[_attempt_json(a) for a in attempts],
+    )
+
+
 def completion(
     *, target: ModelTarget, messages: Sequence[Mapping[str, Any]], parameters: Mapping[str, Any] | None = None
 ) -> Completion:
@@ -259,43 +280,31 @@ def completion(
 
     parameters = dict(parameters or {})
     attempts: list[Attempt] = []
-    for candidate in targets_in_order(target):
-        for _ in range(1 + candidate.max_retries):
-            started = time.time_ns()
-            try:
-                response = litellm.completion(**_request(candidate, messages, parameters))
-            except _PROVIDER_ERRORS as error:
-                retryable = _retryable(error)
-                text = f"{type(error).__name__}: {error}"[:1000]
-                attempts.append(Attempt(candidate.alias, candidate.model, text, _status_code(error), retryable))
-                _failure_record(candidate, text)
-                if not retryable:
-                    raise ProviderFailed(
-                        f"the model provider refused the request: {text}",
-                        attempts=[_attempt_json(a) for a in attempts],
-                    ) from None
-                continue
-            ended = time.time_ns()
-            _success_record(candidate)
-            choice = response.choices[0]
-            input_tokens, output_tokens = _usage(response)
-            model = getattr(response, "model", None) or candidate.model
-            return Completion(
-                message=_message_dict(choice.message),
-                finish_reason=choice.finish_reason or "stop",
-                model=candidate.model,
-                alias=candidate.alias,
-                input_tokens=input_tokens,
-                output_tokens=output_tokens,
-                cost_usd=cost_of(candidate, model, input_tokens, output_tokens),
-                started_ns=started,
-                ended_ns=ended,
-                attempts=attempts,
-            )
-    raise ProviderFailed(
-        f"every model target failed ({len(attempts)} attempts): {_attempts_detail(attempts)}",
-        attempts=[_attempt_json(a) for a in attempts],
-    )
+    for candidate in _tries(target):
+        started = time.time_ns()
+        try:
+            response = litellm.completion(**_request(candidate, messages, parameters))
+        except _PROVIDER_ERRORS as error:
+            _attempt_failed(candidate, error, attempts)
+            continue
+        ended = time.time_ns()
+        _success_record(candidate)
+        choice = response.choices[0]
+        input_tokens, output_tokens = _usage(response)
+        model = getattr(response, "model", None) or candidate.model
+        return Completion(
+            message=_message_dict(choice.message),
+            finish_reason=choice.finish_reason or "stop",
+            model=candidate.model,
+            alias=candidate.alias,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cost_usd=cost_of(candidate, model, input_tokens, output_tokens),
+            started_ns=started,
+            ended_ns=ended,
+            attempts=attempts,
+        )
+    raise _all_failed(attempts)
 
 
 def _attempt_json(attempt: Attempt) -> dict[str, Any]:
@@ -380,32 +389,20 @@ def completion_stream(
     import litellm
 
     request_parameters = {**(parameters or {}), "stream": True, "stream_options": {"include_usage": True}}
-    for candidate in targets_in_order(target):
-        for _ in range(1 + candidate.max_retries):
-            state.started_ns = time.time_ns()
-            try:
-                stream = litellm.completion(**_request(candidate, messages, request_parameters))
-                iterator = iter(stream)
-                first = next(iterator, None)
-            except _PROVIDER_ERRORS as error:
-                retryable = _retryable(error)
-                text = f"{type(error).__name__}: {error}"[:1000]
-                state.attempts.append(Attempt(candidate.alias, candidate.model, text, _status_code(error), retryable))
-                _failure_record(candidate, text)
-                if not retryable:
-                    raise ProviderFailed(
-                        f"the model provider refused the request: {text}",
-                        attempts=[_attempt_json(a) for a in state.attempts],
-                    ) from None
-                continue
-            _success_record(candidate)
-            state.model, state.alias, state.target = candidate.model, candidate.alias, candidate
-            yield from _stream_chunks(state, first, iterator)
-            return
-    raise ProviderFailed(
-        f"every model target failed ({len(state.attempts)} attempts): {_attempts_detail(state.attempts)}",
-        attempts=[_attempt_json(a) for a in state.attempts],
-    )
+    for candidate in _tries(target):
+        state.started_ns = time.time_ns()
+        try:
+            stream = litellm.completion(**_request(candidate, messages, request_parameters))
+            iterator = iter(stream)
+            first = next(iterator, None)
+        except _PROVIDER_ERRORS as error:
+            _attempt_failed(candidate, error, state.attempts)
+            continue
+        _success_record(candidate)
+        state.model, state.alias, state.target = candidate.model, candidate.alias, candidate
+        yield from _stream_chunks(state, first, iterator)
+        return
+    raise _all_failed(state.attempts)
 
 
 def _chunk_dict(chunk: Any) -> dict[str, Any]:

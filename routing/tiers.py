@@ -122,6 +122,34 @@ def _model_parameters(context: TierContext, *, with_tools: bool) -> dict[str, An
     return parameters
 
 
+def model_call(
+    recorder: TraceRecorder,
+    target: ModelTarget,
+    messages: Sequence[Mapping[str, Any]],
+    parameters: Mapping[str, Any],
+    *,
+    tools: Sequence[Mapping[str, Any]] = (),
+    parent: str | None = None,
+    name: str = "chat",
+) -> providers.Completion:
+    """One model call, recorded as a generation span; a failed one is recorded before ProviderFailed
+    goes on to the caller."""
+    started = time.time_ns()
+    try:
+        completion = providers.completion(target=target, messages=messages, parameters=parameters)
+    except providers.ProviderFailed as error:
+        recorder.failed_generation(error, model=target.model, messages=messages, start_ns=started)
+        raise
+    recorder.generation(completion, messages=messages, tools=tools, parent=parent, name=name)
+    return completion
+
+
+def single_result(completion: providers.Completion) -> TierResult:
+    return TierResult(
+        message=completion.message, finish_reason=completion.finish_reason, completions=[completion], steps=1
+    )
+
+
 # --- single call -------------------------------------------------------------------------------------
 
 
@@ -130,16 +158,7 @@ def single_call(context: TierContext, messages: Sequence[Mapping[str, Any]]) -> 
     parameters = _model_parameters(context, with_tools=bool(context.tools))
     if context.tools:
         parameters["tools"] = list(context.tools)
-    started = time.time_ns()
-    try:
-        completion = providers.completion(target=target, messages=messages, parameters=parameters)
-    except providers.ProviderFailed as error:
-        context.recorder.failed_generation(error, model=target.model, messages=messages, start_ns=started)
-        raise
-    context.recorder.generation(completion, messages=messages, tools=context.tools)
-    return TierResult(
-        message=completion.message, finish_reason=completion.finish_reason, completions=[completion], steps=1
-    )
+    return single_result(model_call(context.recorder, target, messages, parameters, tools=context.tools))
 
 
 # --- chain -------------------------------------------------------------------------------------------
@@ -195,16 +214,10 @@ def chain(context: TierContext, messages: Sequence[Mapping[str, Any]]) -> TierRe
         parameters = _model_parameters(context, with_tools=False)
         if step.output_schema:
             parameters["response_format"] = {"type": "json_object"}
-        started = time.time_ns()
         step_span = context.recorder.span(
-            name=f"chain step {step.position}: {step.name}", span_type="chain", start_ns=started
+            name=f"chain step {step.position}: {step.name}", span_type="chain", start_ns=time.time_ns()
         )
-        try:
-            completion = providers.completion(target=target, messages=step_messages, parameters=parameters)
-        except providers.ProviderFailed as error:
-            context.recorder.failed_generation(error, model=target.model, messages=step_messages, start_ns=started)
-            raise
-        context.recorder.generation(completion, messages=step_messages, parent=step_span, name=step.name)
+        completion = model_call(context.recorder, target, step_messages, parameters, parent=step_span, name=step.name)
         result.completions.append(completion)
         result.steps += 1
         problem = _schema_errors(completion.text, step.output_schema) if step.output_schema else None
@@ -289,14 +302,8 @@ def agentic(context: TierContext, messages: Sequence[Mapping[str, Any]]) -> Tier
             return _budget_stop(context, result, "max_steps", f"max steps reached ({max_steps} model calls)")
         if deadline is not None and time.monotonic() > deadline:
             return _budget_stop(context, result, "time_budget", f"time budget exceeded ({context.time_budget_ms} ms)")
-        started = time.time_ns()
-        try:
-            completion = providers.completion(target=target, messages=conversation, parameters=parameters)
-        except providers.ProviderFailed as error:
-            context.recorder.failed_generation(error, model=target.model, messages=conversation, start_ns=started)
-            raise
-        context.recorder.generation(
-            completion, messages=conversation, tools=definitions, name=f"step {result.steps + 1}"
+        completion = model_call(
+            context.recorder, target, conversation, parameters, tools=definitions, name=f"step {result.steps + 1}"
         )
         result.completions.append(completion)
         result.steps += 1

@@ -14,7 +14,7 @@ import orjson
 from django.db.models import Count, Max, Min, Prefetch, Q, QuerySet, Sum
 
 from agent_registry.models import PromptVersion, Workspace
-from tracing import exceptions, otlp
+from tracing import exceptions, otlp, pricing
 from tracing.models import (
     LangfuseExport,
     LangfuseMirror,
@@ -433,3 +433,13 @@ def _id_chunks(found: QuerySet[Trajectory], size: int) -> Iterator[list[int]]:
             return
         yield ids
         last = ids[-1]
+
+
+def model_price_overrides(*, workspace_id: int) -> dict[str, pricing.ModelPrice]:
+    """The workspace's own model prices, by model name, in the form tracing.pricing reads them."""
+    return {
+        row.model: pricing.ModelPrice.per_million(
+            row.input_usd_per_million, row.output_usd_per_million, row.cache_read_usd_per_million
+        )
+        for row in ModelPriceOverride.objects.filter(workspace_id=workspace_id)
+    }

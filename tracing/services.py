@@ -365,15 +365,6 @@ _SPAN_COLUMNS = (
 )
 
 
-def _price_overrides(workspace: Workspace) -> dict[str, pricing.ModelPrice]:
-    return {
-        row.model: pricing.ModelPrice.per_million(
-            row.input_usd_per_million, row.output_usd_per_million, row.cache_read_usd_per_million
-        )
-        for row in ModelPriceOverride.objects.filter(workspace=workspace)
-    }
-
-
 def _priced(span: otlp.Span, overrides: Mapping[str, pricing.ModelPrice]) -> otlp.Span:
     if span.cost_usd is not None or span.span_type != "generation":
         return span
@@ -612,7 +603,7 @@ def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence
     """
     if not spans:
         return 0
-    overrides = _price_overrides(workspace)
+    overrides = selectors.model_price_overrides(workspace_id=workspace.pk)
     by_trace: dict[str, dict[str, otlp.Span]] = defaultdict(dict)
     for span in spans:
         by_trace[span.trace_id].setdefault(span.span_id, _priced(span, overrides))
