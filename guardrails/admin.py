@@ -1,4 +1,5 @@
 from django.contrib import admin
+from django.http import HttpRequest
 
 from guardrails.models import (
     ApprovalEvent,
@@ -24,7 +25,7 @@ class GuardrailViolationAdmin(admin.ModelAdmin[GuardrailViolation]):
     list_filter = ("layer", "action", "failure")
     search_fields = ("check_name", "trace_id")
 
-    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+    def has_change_permission(self, request: HttpRequest, obj: GuardrailViolation | None = None) -> bool:
         return False  # the audit trail is append-only
 
 
@@ -42,7 +43,7 @@ class ApprovalRequestAdmin(admin.ModelAdmin[ApprovalRequest]):
     list_filter = ("status",)
     inlines = (ApprovalEventInline,)
 
-    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+    def has_change_permission(self, request: HttpRequest, obj: ApprovalRequest | None = None) -> bool:
         return False
 
 

@@ -1,9 +1,10 @@
 """Budgets against unbounded consumption: per workspace, agent, API key and end user, per day and month,
 in money and tokens.
 
-Before a model call the gateway reserves the call's estimated maximum (`budget_reserve`) against every
+Before a model call the caller reserves the call's estimated maximum (`budget_reserve`) against every
 budget that matches the request; after it, `budget_settle` turns the reservation into what was spent and
-releases the rest. A reservation locks the matching usage rows (`SELECT ... FOR UPDATE`, in id order so
+releases the rest. (The gateway does not call these yet: wiring them into its request path is the next
+step of the guardrails work.) A reservation locks the matching usage rows (`SELECT ... FOR UPDATE`, in id order so
 two requests never wait on each other crosswise) and checks `spent + reserved + estimate <= limit` under
 that lock, so concurrent requests cannot overshoot together (the race litellm's proxy has). Over a limit
 the request is refused with `BudgetExceeded` (429, `budget_exceeded`): budgets fail closed. A soft limit

@@ -9,7 +9,6 @@ back as `CheckResult(error=True)`; the evaluation service then fails open or clo
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 import time
@@ -90,14 +89,6 @@ def guard_verdict_parse(text: str) -> tuple[bool, float, str]:
     raise VerdictUnreadable(f"the guard model answered neither safe nor unsafe: {stripped[:100]!r}")
 
 
-def _single_attempt(target: ModelTarget) -> ModelTarget:
-    # An in-memory copy: one attempt on this target alone, so the rule's timeout bounds the wall time.
-    once = copy.copy(target)
-    once.max_retries = 0
-    once.fallbacks = []
-    return once
-
-
 def _failed(rule: ModelCheckRule, started: float, why: str) -> CheckResult:
     return CheckResult(
         check=rule.name,
@@ -116,8 +107,9 @@ def model_check_run(*, rule: ModelCheckRule, target: ModelTarget | None, content
         return _failed(rule, started, f"model target {rule.target!r} is missing or disabled")
     parameters: dict[str, Any] = {"timeout": rule.timeout_seconds, "temperature": 0, "max_tokens": 200}
     try:
+        # One attempt on this target alone, so the rule's timeout bounds the wall time.
         completion = providers.completion(
-            target=_single_attempt(target), messages=_messages(rule, content), parameters=parameters
+            target=target, messages=_messages(rule, content), parameters=parameters, single_attempt=True
         )
     except providers.ProviderFailed as error:
         return _failed(rule, started, f"model check failed: {error.detail}")

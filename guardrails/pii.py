@@ -13,6 +13,7 @@ time is linear in the length. Pure: no Django.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import hmac
 import math
@@ -288,12 +289,20 @@ _PRIORITY = {
 
 
 def _without_overlaps(found: list[Detection]) -> list[Detection]:
+    """The detections that win where they overlap (by kind priority, then length), in text order."""
     ordered = sorted(found, key=lambda d: (_PRIORITY.get(d.kind, 0), -(d.end - d.start), d.start))
+    # The kept spans never overlap, so in start order their ends are ordered too: a new span can only
+    # collide with its neighbours there. Bisecting keeps the whole pass n log n instead of n².
+    starts: list[int] = []
     kept: list[Detection] = []
     for detection in ordered:
-        if all(detection.end <= other.start or detection.start >= other.end for other in kept):
-            kept.append(detection)
-    return sorted(kept, key=lambda d: d.start)
+        index = bisect.bisect_left(starts, detection.start)
+        before = kept[index - 1] if index else None
+        after = kept[index] if index < len(kept) else None
+        if (before is None or before.end <= detection.start) and (after is None or detection.end <= after.start):
+            starts.insert(index, detection.start)
+            kept.insert(index, detection)
+    return kept
 
 
 def secrets_detect(content: str) -> list[Detection]:

@@ -38,7 +38,8 @@ TEXT_CHECKS = (
 )
 # Checks whose result carries the content with the finding taken out; `redact` means nothing for others.
 REDACTABLE_CHECKS = frozenset({"pii", "secrets"})
-# Mandatory guardrails that are not text checks: the boundary and budgets are always enforced.
+# Mandatory guardrails that are not text checks, so a policy cannot switch them off: the action boundary
+# (enforced in the gateway) and budgets (guardrails/budgets.py; not yet called by the gateway).
 STRUCTURAL_CHECKS = frozenset({"action_boundary", "budget"})
 # The argument a derived `autonomy_limit_usd` constrains unless the policy names another.
 DEFAULT_AMOUNT_ARGUMENT = "amount"

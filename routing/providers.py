@@ -246,8 +246,11 @@ def _attempts_detail(attempts: Sequence[Attempt]) -> str:
     return "; ".join(f"{a.alias}: {a.error}" for a in attempts[-3:])
 
 
-def _tries(target: ModelTarget) -> Iterator[ModelTarget]:
-    """The target, then each fallback, each as many times as its retries allow."""
+def _tries(target: ModelTarget, *, single_attempt: bool = False) -> Iterator[ModelTarget]:
+    """The target, then each fallback, each as many times as its retries allow (or the target once)."""
+    if single_attempt:
+        yield target
+        return
     for candidate in targets_in_order(target):
         for _ in range(1 + candidate.max_retries):
             yield candidate
@@ -273,14 +276,19 @@ def _all_failed(attempts: Sequence[Attempt]) -> ProviderFailed:
 
 
 def completion(
-    *, target: ModelTarget, messages: Sequence[Mapping[str, Any]], parameters: Mapping[str, Any] | None = None
+    *,
+    target: ModelTarget,
+    messages: Sequence[Mapping[str, Any]],
+    parameters: Mapping[str, Any] | None = None,
+    single_attempt: bool = False,
 ) -> Completion:
-    """One chat completion from the target or its fallbacks. Raises ProviderFailed."""
+    """One chat completion from the target or its fallbacks (with `single_attempt`, one try on the target
+    alone, so its timeout bounds the wall time). Raises ProviderFailed."""
     import litellm
 
     parameters = dict(parameters or {})
     attempts: list[Attempt] = []
-    for candidate in _tries(target):
+    for candidate in _tries(target, single_attempt=single_attempt):
         started = time.time_ns()
         try:
             response = litellm.completion(**_request(candidate, messages, parameters))
