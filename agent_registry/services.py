@@ -11,7 +11,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.apps import apps
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Max, Q
@@ -181,9 +180,6 @@ def agent_delete(*, agent: Agent) -> None:
         Agent.objects.filter(pk=agent.pk).update(current_requirements=None)
         # Labels protect versions; the prompts cascade with the agent, labels first.
         PromptLabel.objects.filter(prompt__agent=agent).delete()
-        # So do the steps of the routing tier's chain (they run the agent's own prompt versions), which
-        # would go with the agent anyway. Looked up by name: routing builds on the registry, not the reverse.
-        apps.get_model("routing", "ChainStep").objects.filter(agent_id=agent.pk).delete()
         Agent.objects.filter(pk=agent.pk).delete()
 
 

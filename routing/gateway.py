@@ -201,7 +201,7 @@ def _plan_agent(plan: _Plan, agent: Agent) -> None:
 
     policy, budgets = _policy(agent, plan.config)
     plan.enabled_tiers = policy.tiers
-    has_tools = bool(request.tools) or any(m.get("role") == "tool" or m.get("tool_calls") for m in client_messages)
+    has_tools = cache.request_uses_tools(messages=client_messages, tools=request.tools)
     last_role = client_messages[-1].get("role")
     conversation_tier = (
         selectors.conversation_tier(agent=agent, conversation_id=plan.conversation_id) if last_role == "tool" else None

@@ -131,8 +131,10 @@ class ChainStep(models.Model):
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="chain_steps")
     position = models.PositiveSmallIntegerField()
     name = models.SlugField(max_length=64)
+    # RESTRICT, not PROTECT: a version a step runs cannot be deleted alone, but it goes with its agent,
+    # whose cascade takes the step too.
     prompt_version = models.ForeignKey(
-        PromptVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="chain_steps"
+        PromptVersion, null=True, blank=True, on_delete=models.RESTRICT, related_name="chain_steps"
     )
     instructions = models.TextField(blank=True)
     model_target = models.ForeignKey(ModelTarget, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
