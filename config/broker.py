@@ -1,4 +1,4 @@
-"""The embedded broker: kombu's filesystem transport with one fix, registered as `keelfs://`.
+"""The embedded broker: kombu's filesystem transport with one fix (`keelfs://`, Celery's broker_transport).
 
 kombu's filesystem producer creates the message file under its final name and then writes into it,
 while the consumer takes files by moving them without the producer's lock. A consumer that polls in
@@ -16,7 +16,7 @@ from time import monotonic
 from typing import Any
 
 from kombu.exceptions import ChannelError
-from kombu.transport import TRANSPORT_ALIASES, filesystem
+from kombu.transport import filesystem
 from kombu.utils.encoding import str_to_bytes
 from kombu.utils.json import dumps
 
@@ -42,6 +42,3 @@ class Transport(filesystem.Transport):
     Channel = Channel
     driver_type = SCHEME
     driver_name = SCHEME
-
-
-TRANSPORT_ALIASES[SCHEME] = "config.broker:Transport"

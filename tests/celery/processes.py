@@ -58,11 +58,10 @@ def celery_producer(broker_url: str | None, broker_dir: Path) -> Celery:
         return Celery("producer", broker=broker_url)
     for folder in ("queue", "control", "processed"):
         (broker_dir / folder).mkdir(parents=True, exist_ok=True)
-    import config.broker  # noqa: F401  (registers the embedded broker's scheme)
-
     return Celery(
         "producer",
         broker="keelfs://",
+        broker_transport="config.broker:Transport",
         broker_transport_options={
             "data_folder_in": str(broker_dir / "queue"),
             "data_folder_out": str(broker_dir / "queue"),

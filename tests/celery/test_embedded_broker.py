@@ -10,8 +10,6 @@ from typing import Any
 
 from kombu import Connection
 
-import config.broker  # noqa: F401
-
 MESSAGES = 3000
 
 
@@ -20,6 +18,7 @@ def _connection(folder: Path) -> Connection:
         (folder / name).mkdir(exist_ok=True)
     return Connection(
         "keelfs://",
+        transport="config.broker:Transport",
         transport_options={
             "data_folder_in": str(folder / "queue"),
             "data_folder_out": str(folder / "queue"),

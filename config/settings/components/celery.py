@@ -21,10 +21,10 @@ BROKER_DIR = Path(env_str("KEEL_BROKER_DIR", str(_BASE_DIR / "var" / "broker")))
 
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any]
 if CELERY_BROKER_EMBEDDED:
-    # kombu's filesystem transport with atomic writes (config/broker.py registers the scheme).
-    import config.broker  # noqa: F401
-
+    # kombu's filesystem transport with atomic writes (config/broker.py), imported by kombu by its path
+    # on the first connection; the URL only names it.
     CELERY_BROKER_URL = "keelfs://"
+    CELERY_BROKER_TRANSPORT = "config.broker:Transport"
     for folder in ("queue", "control", "processed"):
         (BROKER_DIR / folder).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
