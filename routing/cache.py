@@ -371,32 +371,29 @@ def cache_entries_invalidate_for_prompt(
     versions that hold a label now); entries made without a prompt version are not affected. Returns
     how many were retired: deleted, or, for entries that served hits, expired now and left to the
     sweep after `HIT_RETENTION`, so their hits stay reviewable. Either way none is served again."""
-    now = now or timezone.now()
     stale = CacheEntry.objects.filter(agent=agent, prompt_version__isnull=False).exclude(
         prompt_version_id__in=list(keep_prompt_version_ids)
     )
-    expired = stale.filter(Exists(CacheHit.objects.filter(entry=OuterRef("pk"))), expires_at__gt=now).update(
-        expires_at=now
-    )
-    return expired + _delete_in_batches(stale.filter(~Exists(CacheHit.objects.filter(entry=OuterRef("pk")))))
+    return _entries_retire(stale, now or timezone.now())
+
+
+def _entries_retire(stale: QuerySet[CacheEntry], now: datetime) -> int:
+    """Delete the entries that served no hit; expire the others now, so their hits stay reviewable."""
+    has_hits = Exists(CacheHit.objects.filter(entry=OuterRef("pk")))
+    expired = stale.filter(has_hits, expires_at__gt=now).update(expires_at=now)
+    return expired + _delete_in_batches(stale.filter(~has_hits))
 
 
 def cache_entries_invalidate_stale_prompts(*, now: datetime | None = None) -> int:
     """Retire, for every agent, the entries of prompt versions that no label points at any more (a label
     moved: a deploy or a rollback). The gateway already scopes look-ups to the production version, so
     such entries are never served; this reclaims them. Returns how many were retired."""
-    labelled = PromptLabel.objects.values_list("version_id", flat=True)
-    agent_ids = (
-        CacheEntry.objects.filter(prompt_version__isnull=False)
-        .exclude(prompt_version_id__in=labelled)
-        .values_list("agent_id", flat=True)
-        .distinct()
+    # A version belongs to one agent and an entry's version to the entry's agent (cache_store checks),
+    # so "no label holds it" is the same test for every agent at once.
+    stale = CacheEntry.objects.filter(prompt_version__isnull=False).exclude(
+        prompt_version_id__in=PromptLabel.objects.values("version_id")
     )
-    retired = 0
-    for agent in Agent.objects.filter(pk__in=list(agent_ids)):
-        keep = PromptLabel.objects.filter(prompt__agent=agent).values_list("version_id", flat=True)
-        retired += cache_entries_invalidate_for_prompt(agent=agent, keep_prompt_version_ids=list(keep), now=now)
-    return retired
+    return _entries_retire(stale, now or timezone.now())
 
 
 def cache_entries_sweep(*, now: datetime | None = None) -> int:

@@ -14,12 +14,13 @@ from datetime import datetime
 from typing import Final
 
 from django.db.models import Q, QuerySet
+from django.urls import reverse
 from django.utils import timezone
 from pydantic import ValidationError
 
-from agent_registry import requirements
-from agent_registry.models import Agent, PromptVersion, RequirementsVersion, Workspace
-from routing import evaluation, exceptions
+from agent_registry.models import Agent, PromptVersion, Workspace
+from agent_registry.selectors import AgentIds
+from routing import evaluation, exceptions, selectors
 from routing.models import (
     AgentTool,
     CacheHit,
@@ -35,8 +36,6 @@ from routing.models import (
     ShadowStatus,
     TierChoice,
 )
-
-AgentIds = frozenset[int] | None
 
 # --- Model targets ----------------------------------------------------------------------------------
 
@@ -88,12 +87,7 @@ def model_target_health(target: ModelTarget, *, now: datetime | None = None) -> 
 
 def router_config_get(*, agent: Agent) -> RouterConfig:
     """The agent's router configuration; an agent never configured gets the defaults (unsaved)."""
-    config = (
-        RouterConfig.objects.select_related("single_call_target", "agentic_target", "judge_target", "embedding_target")
-        .filter(agent=agent)
-        .first()
-    )
-    return config if config is not None else RouterConfig(agent=agent)
+    return selectors.router_config_find(agent=agent) or RouterConfig(agent=agent)
 
 
 def chain_step_list(*, agent: Agent) -> QuerySet[ChainStep]:
@@ -209,7 +203,7 @@ def routing_decision_get(*, workspace: Workspace, decision_id: int, agent_ids: A
 
 def trajectory_path(*, workspace: Workspace, trace_id: str) -> str:
     """Where the dashboard shows the trajectory a decision (or shadow run) belongs to."""
-    return f"/w/{workspace.slug}/trajectories/{trace_id}/"
+    return reverse("frontend:trajectory_detail", args=[workspace.slug, trace_id])
 
 
 # --- Hand-offs ------------------------------------------------------------------------------------------
@@ -270,10 +264,11 @@ def report_tiers(*, agent: Agent) -> tuple[str, ...]:
     """The agent's enabled tiers, cheapest first (the requirements keep them in that order)."""
     if agent.current_requirements_id is None:
         return REPORT_TIERS
-    answers = RequirementsVersion.objects.filter(pk=agent.current_requirements_id).values_list("answers", flat=True)
     try:
-        parsed = requirements.Requirements.model_validate(answers.first() or {})
+        parsed = selectors.requirements_of(agent=agent)
     except ValidationError:
+        return REPORT_TIERS
+    if parsed is None:
         return REPORT_TIERS
     return tuple(str(tier) for tier in parsed.routing.enabled_tiers)
 
