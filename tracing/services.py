@@ -475,28 +475,28 @@ class _ShapeHistory:
         return history
 
 
-def _signal_config_and_history(agent_id: int) -> tuple[signals.SignalConfig, _ShapeHistory]:
-    history = _ShapeHistory(
-        selectors.tool_result_shape_counts(agent_id=agent_id, min_count=TOOL_SHAPE_HISTORY_MIN_COUNT)
-    )
-    config = _signal_settings_for_agent(agent_id)
-    if history.shapes:
-        config = dataclasses.replace(
-            config,
-            tool_result_shapes={
-                tool_name: [shape for shape, _ in counted.values()] for tool_name, counted in history.shapes.items()
-            },
-        )
-    return config, history
+def _shape_history(agent_id: int) -> _ShapeHistory:
+    return _ShapeHistory(selectors.tool_result_shape_counts(agent_id=agent_id, min_count=TOOL_SHAPE_HISTORY_MIN_COUNT))
 
 
 class _SignalConfigs:
-    """Each agent's triage settings and tool result history, read once per batch: the limits its
-    requirements set (the agentic step limit, the latency ceiling) make `exhaustion` fire where the agent
-    actually stops. The shapes a batch records count from the next batch on."""
+    """Each agent's triage settings and tool result history, read once per batch (the history only for
+    an agent whose trajectories have tool results): the limits its requirements set (the agentic step
+    limit, the latency ceiling) make `exhaustion` fire where the agent actually stops. The shapes a batch
+    records count from the next batch on."""
 
     def __init__(self) -> None:
-        self.cache: dict[int, tuple[signals.SignalConfig, _ShapeHistory]] = {}
+        self.configs: dict[int, signals.SignalConfig] = {}
+        self.histories: dict[int, _ShapeHistory] = {}
+
+    def _history(
+        self, agent_id: int, seen: Sequence[signals.ResultShape], counted: Collection[str] | None
+    ) -> dict[str, list[Mapping[str, str]]]:
+        if not seen:
+            return {}
+        if agent_id not in self.histories:
+            self.histories[agent_id] = _shape_history(agent_id)
+        return self.histories[agent_id].for_trajectory(seen, counted)
 
     def report(
         self, agent_id: int | None, view: TrajectoryView, counted: Collection[str] | None
@@ -505,11 +505,12 @@ class _SignalConfigs:
         `_ShapeHistory.for_trajectory` for `counted`); the report carries the shapes of its results."""
         if agent_id is None:
             return signals.signals_compute(view)
-        if agent_id not in self.cache:
-            self.cache[agent_id] = _signal_config_and_history(agent_id)
-        config, history = self.cache[agent_id]
+        if agent_id not in self.configs:
+            self.configs[agent_id] = _signal_settings_for_agent(agent_id)
         return signals.signals_compute(
-            view, config, tool_result_history=lambda seen: history.for_trajectory(seen, counted)
+            view,
+            self.configs[agent_id],
+            tool_result_history=lambda seen: self._history(agent_id, seen, counted),
         )
 
 
@@ -518,7 +519,16 @@ def signal_config_for_agent(agent_id: int) -> signals.SignalConfig:
     latency ceiling), then what its `TriageSettings` change (phrases, language, weights, thresholds,
     token limits, hand-off tools; merged by tracing.triage_config), and the history of its tools'
     result shapes (each shape counted at least TOOL_SHAPE_HISTORY_MIN_COUNT times)."""
-    return _signal_config_and_history(agent_id)[0]
+    config = _signal_settings_for_agent(agent_id)
+    history = _shape_history(agent_id)
+    if not history.shapes:
+        return config
+    return dataclasses.replace(
+        config,
+        tool_result_shapes={
+            tool_name: [shape for shape, _ in counted.values()] for tool_name, counted in history.shapes.items()
+        },
+    )
 
 
 def _signal_settings_for_agent(agent_id: int) -> signals.SignalConfig:

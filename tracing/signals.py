@@ -1375,13 +1375,23 @@ class _Analysis:
         return calls
 
     @_Lazy
+    def call_shapes(self) -> dict[int, dict[str, str]]:
+        """The shape of every result `detect_silent_tool_api_change` judges (not an error, not empty), by
+        `id(call)`: computed once, for the history and the detector."""
+        return {
+            id(call): tool_result_shape(call.result)
+            for call in self.calls
+            if call.error_kind is None and call.result is not None
+        }
+
+    @_Lazy
     def result_shapes(self) -> list[ResultShape]:
-        """The shape of every result `detect_silent_tool_api_change` judges: not an error, not empty."""
+        """The judged results' shapes with their tools and spans."""
         # `calls` is built from the first `max_tool_calls` of `view.tool_calls`, in order.
         return [
-            ResultShape(call.name, tool_result_shape(call.result), tool_call.span_id)
+            ResultShape(call.name, self.call_shapes[id(call)], tool_call.span_id)
             for tool_call, call in zip(self.view.tool_calls, self.calls, strict=False)
-            if call.error_kind is None and call.result is not None
+            if id(call) in self.call_shapes
         ]
 
     @_Lazy
@@ -2223,9 +2233,9 @@ def detect_silent_tool_api_change(analysis: _Analysis) -> list[SignalInstance]:
     reported: set[str] = set()
     for call in analysis.calls:
         shapes = history.get(call.name)
-        if not shapes or call.error_kind is not None or call.name in reported or call.result is None:
+        shape = analysis.call_shapes.get(id(call))
+        if not shapes or shape is None or call.name in reported:
             continue
-        shape = tool_result_shape(call.result)
         expected = set(shapes[0])
         for earlier in shapes[1:]:
             expected &= set(earlier)
