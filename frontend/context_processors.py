@@ -1,12 +1,14 @@
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest
 
 from agent_registry import selectors
-from agent_registry.models import User
+from agent_registry.models import Membership, User
 from frontend.access import membership_can_edit, membership_can_manage_keys
 from routing import reports
 from tracing import alerts
@@ -58,9 +60,16 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
         nav_section=section,
         can_edit=membership_can_edit(current),
         can_manage_keys=membership_can_manage_keys(current),
-        # The sidebar's badge: alerts nobody acknowledged yet.
-        nav_open_alerts=alerts.alert_unacknowledged_count(workspace=current.workspace) if current is not None else 0,
-        # The hand-offs nobody has taken yet: people waiting for a person.
-        nav_open_handoffs=reports.handoff_open_count(workspace=current.workspace) if current is not None else 0,
+        # The sidebar's badges, counted only when a page draws the sidebar (htmx fragments do not; a template
+        # calls a callable, and the cache keeps it to one query however often the page reads it): alerts
+        # nobody acknowledged yet, and hand-offs nobody has taken yet.
+        nav_open_alerts=_count_once(alerts.alert_unacknowledged_count, current),
+        nav_open_handoffs=_count_once(reports.handoff_open_count, current),
     )
     return context
+
+
+def _count_once(count: Callable[..., int], membership: Membership | None) -> Callable[[], int]:
+    if membership is None:
+        return lambda: 0
+    return functools.cache(functools.partial(count, workspace=membership.workspace))
