@@ -4,8 +4,9 @@ Structured kinds are found by pattern and then validated, so a number that merel
 reported: payment cards by Luhn, IBANs by their country's length and mod-97, US SSNs, UK National
 Insurance numbers and Spanish DNI/NIE by their published structure. Phones need an international
 prefix, a national layout or a phone word nearby. Addresses and person names are cue-based (a
-number and a street suffix; "my name is", "Mr.", a signature line) and will miss names said any
-other way: a model-based check does better there.
+number and a street suffix, the number not an amount and the words between no verbs or pronouns;
+"my name is", "Mr.", a signature line) and will miss names said any other way: a model-based check
+does better there.
 
 Both checks scan all of the content (redaction must be complete); every pattern is bounded, so the
 time is linear in the length. Pure: no Django.
@@ -67,6 +68,27 @@ _ADDRESS = re.compile(
     rf"?)?\d{{1,4}}\b",
     re.IGNORECASE,
 )
+# A number-first match is an address only when it is not an amount ("$12 is on its way") and its words
+# could be a street's name: ordinary sentences put verbs and pronouns between a count and "way",
+# "drive" or "close"; street names almost never hold them ("The" is kept: "5 The Crescent").
+_AMOUNT_BEFORE = re.compile(r"(?:(?:[$€£¥₹]|\b(?:USD|EUR|GBP|CHF|JPY|CAD|AUD))\s?|\d[.,])$", re.IGNORECASE)
+_NOT_STREET_WORDS = frozenset(
+    {
+        "a", "an", "and", "or", "but", "is", "are", "was", "were", "be", "been", "am", "will", "would", "can",
+        "could", "should", "may", "might", "must", "has", "have", "had", "do", "does", "did", "not", "no", "on",
+        "in", "at", "to", "for", "by", "from", "with", "into", "onto", "out", "off", "over", "per", "than", "then",
+        "so", "as", "it", "its", "it's", "this", "that", "these", "those", "they", "their", "there", "we", "our",
+        "you", "your", "he", "his", "she", "her", "i", "me", "my", "us", "them", "all", "each", "every", "more",
+        "less", "just", "only", "still", "already",
+    }
+)  # fmt: skip
+_QUANTITY_WORDS = frozenset(
+    {
+        "dollars", "euros", "pounds", "cents", "pence", "bucks", "usd", "eur", "gbp", "percent", "seconds",
+        "minutes", "mins", "hours", "hrs", "days", "weeks", "months", "years", "times", "items", "units",
+        "people", "orders", "tickets", "miles", "kilometres", "kilometers", "metres", "meters", "feet", "km",
+    }
+)  # fmt: skip
 _NAME = r"(?:[^\W\d_][^\W\d_'’-]{1,30})(?: (?:[^\W\d_][^\W\d_'’-]{1,30})){0,2}"
 _PERSON_CUES = [
     re.compile(
@@ -203,6 +225,15 @@ def _phone_accepted(content: str, start: int, value: str) -> bool:
     return _PHONE_WORD.search(before) is not None and all(len(g) >= 2 for g in groups)
 
 
+def _address_accepted(content: str, start: int, value: str) -> bool:
+    if not value[:1].isdigit():
+        return True  # "Hauptstraße 5", "Calle Mayor 12": the street word itself is the cue
+    if _AMOUNT_BEFORE.search(content[max(0, start - 5) : start]):
+        return False
+    words = [word.strip(",.").casefold() for word in value.split()[1:]]
+    return bool(words) and words[0] not in _QUANTITY_WORDS and _NOT_STREET_WORDS.isdisjoint(words)
+
+
 def _iban_detection(content: str, found: re.Match[str]) -> Detection | None:
     country = found.group(1)
     expected = IBAN_LENGTHS.get(country)
@@ -260,7 +291,11 @@ def pii_detect(content: str, kinds: Iterable[str] | None = None) -> list[Detecti
             if _phone_accepted(content, m.start(), value):
                 found.append(Detection("phone", m.start(), m.start() + len(value), value))
     if "address" in wanted:
-        found += [Detection("address", m.start(), m.end(), m.group().rstrip(" ,")) for m in _ADDRESS.finditer(content)]
+        found += [
+            Detection("address", m.start(), m.end(), m.group().rstrip(" ,"))
+            for m in _ADDRESS.finditer(content)
+            if _address_accepted(content, m.start(), m.group())
+        ]
     if "person" in wanted:
         for pattern in _PERSON_CUES:
             for m in pattern.finditer(content):

@@ -43,6 +43,10 @@ def test_iban_mod97_and_length():
         ("NI number AB 12 34 56 C", "nino", "AB 12 34 56 C"),
         ("Mi DNI es 12345678Z.", "national_id", "12345678Z"),
         ("I live at 221 Baker Street, London", "address", "221 Baker Street"),
+        ("Ship it to 221B Baker Street please", "address", "221B Baker Street"),
+        ("We are at 1600 Amphitheatre Parkway, Mountain View", "address", "1600 Amphitheatre Parkway"),
+        ("Livrez au 12 rue de la Paix, Paris", "address", "12 rue de la Paix"),
+        ("Flat 2, 5 The Crescent, Hove", "address", "5 The Crescent"),
         ("Hello, my name is Aisha Khan and I need help", "person", "Aisha Khan"),
         ("Best regards,\nLukas Berg\n", "person", "Lukas Berg"),
     ],
@@ -68,6 +72,27 @@ def test_pii_detects_each_kind(text, kind, value):
 )
 def test_pii_spares_lookalike_numbers(text):
     assert pii_detect(text) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Your refund of $12 is on its way",
+        "Your refund of $12.50 is on its way",
+        "A refund of €40 is on its way to your card",
+        "Your 2 parcels are on their way",
+        "It costs 15 dollars one way",
+        "The depot is 10 minutes down the road",
+        "I have 2 questions before we close",
+    ],
+)
+def test_pii_spares_amounts_and_counts_before_street_words(text):
+    assert [d for d in pii_detect(text) if d.kind == "address"] == []
+
+
+def test_pii_finds_the_address_after_an_amount():
+    found = [(d.kind, d.text) for d in pii_detect("Your refund of $12 is on its way to 221B Baker Street, London")]
+    assert found == [("address", "221B Baker Street")]
 
 
 def test_pii_redaction_labels_each_finding():
