@@ -33,6 +33,9 @@ _SECTIONS = (
     ("routing_decision", "routing_decisions"),
     ("handoff", "handoffs"),
     ("cache", "cache_review"),
+    ("guardrail_violation", "guardrail_violations"),
+    ("guardrail_approval", "guardrail_approvals"),
+    ("guardrail_budget", "guardrail_budgets"),
 )
 
 

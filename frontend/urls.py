@@ -1,6 +1,6 @@
 from django.urls import URLPattern, URLResolver, include, path
 
-from frontend import alerts, review, routing_views, settings_views, triage_views, views
+from frontend import alerts, guardrails_views, review, routing_views, settings_views, triage_views, views
 
 app_name = "frontend"
 
@@ -26,6 +26,7 @@ agent_patterns: list[URLPattern | URLResolver] = [
     path("router/tools/<str:tool_name>/", routing_views.agent_tool_edit_view, name="agent_tool_edit"),
     path("router/tools/<str:tool_name>/delete/", routing_views.agent_tool_delete_view, name="agent_tool_delete"),
     path("router/report/", routing_views.agent_router_report_view, name="agent_router_report"),
+    path("guardrails/", guardrails_views.agent_guardrails_view, name="agent_guardrails"),
 ]
 
 review_patterns: list[URLPattern | URLResolver] = [
@@ -76,6 +77,27 @@ routing_patterns: list[URLPattern | URLResolver] = [
     path("cache-review/hits/<int:hit_id>/", routing_views.cache_hit_review_view, name="cache_hit_review"),
 ]
 
+guardrail_patterns: list[URLPattern | URLResolver] = [
+    path("violations/", guardrails_views.guardrail_violation_list_view, name="guardrail_violation_list"),
+    path("approvals/", guardrails_views.guardrail_approval_list_view, name="guardrail_approval_list"),
+    path(
+        "approvals/<int:approval_id>/",
+        guardrails_views.guardrail_approval_detail_view,
+        name="guardrail_approval_detail",
+    ),
+    path(
+        "approvals/<int:approval_id>/decide/",
+        guardrails_views.guardrail_approval_decide_view,
+        name="guardrail_approval_decide",
+    ),
+    path("budgets/", guardrails_views.guardrail_budget_list_view, name="guardrail_budget_list"),
+    path(
+        "budgets/<int:budget_id>/delete/",
+        guardrails_views.guardrail_budget_delete_view,
+        name="guardrail_budget_delete",
+    ),
+]
+
 workspace_patterns: list[URLPattern | URLResolver] = [
     path("", views.workspace_home_view, name="workspace_home"),
     path("agents/", views.agent_list_view, name="agent_list"),
@@ -94,6 +116,7 @@ workspace_patterns: list[URLPattern | URLResolver] = [
     path("keys/<int:key_id>/revoke/", views.apikey_revoke_view, name="apikey_revoke"),
     path("integrations/", include(integration_patterns)),
     path("", include(routing_patterns)),
+    path("guardrails/", include(guardrail_patterns)),
 ]
 
 urlpatterns: list[URLPattern | URLResolver] = [

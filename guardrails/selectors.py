@@ -27,6 +27,7 @@ def violation_list(
     agent_id: int | None = None,
     check: str | None = None,
     layer: str | None = None,
+    action: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
 ) -> QuerySet[GuardrailViolation]:
@@ -39,6 +40,8 @@ def violation_list(
         violations = violations.filter(check_name=check)
     if layer:
         violations = violations.filter(layer=layer)
+    if action:
+        violations = violations.filter(action=action)
     if since is not None:
         violations = violations.filter(created_at__gte=since)
     if until is not None:

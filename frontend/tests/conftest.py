@@ -1,10 +1,12 @@
 """Two workspaces, each with an agent that has requirements, a prompt with two versions, a key, a recorded
 trajectory with a pending replay, a paused Langfuse mirror with a failed delivery, a model price, a model
 target with a key, a router configuration with a chain step and a tool, a routing decision with a shadow
-run, an open hand-off and a cache hit, and a client per role in the first."""
+run, an open hand-off and a cache hit, a guardrail violation, a pending approval request and a budget, and a
+client per role in the first."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
@@ -34,6 +36,9 @@ from agent_registry.tests.factories import (
     requirements_answers,
 )
 from frontend.tests import traces
+from guardrails import services as guardrail_services
+from guardrails.models import ApprovalEvent, ApprovalRequest, Budget, GuardrailPolicy, GuardrailViolation
+from guardrails.tests.factories import ApprovalRequestFactory, BudgetFactory, GuardrailViolationFactory
 from routing import services as routing_services
 from routing.models import (
     AgentTool,
@@ -84,6 +89,9 @@ class Tenant:
     decision: RoutingDecision
     handoff: Handoff
     hit: CacheHit
+    violation: GuardrailViolation
+    approval: ApprovalRequest
+    budget: Budget
 
 
 TENANT_LANGFUSE_SECRET = "sk-lf-tenant-secret"
@@ -173,6 +181,11 @@ def _tenant(workspace: Workspace, author: User) -> Tenant:
         decision=decision,
         handoff=handoff,
         hit=hit,
+        violation=GuardrailViolationFactory.create(agent=agent, trace_id=trajectory.trace_id, source="user"),
+        approval=ApprovalRequestFactory.create(agent=agent, trace_id=trajectory.trace_id),
+        budget=BudgetFactory.create(
+            workspace=workspace, scope="workspace", scope_value="", period="month", limit_usd=Decimal("10")
+        ),
     )
 
 
@@ -307,6 +320,14 @@ def page_urls(tenant: Tenant) -> dict[str, str]:
         "handoff_list": f"/w/{ws}/handoffs/",
         "cache_review": f"/w/{ws}/cache-review/",
         "cache_review_agent": f"/w/{ws}/cache-review/?agent={agent}&show=unreviewed",
+        "agent_guardrails": f"/w/{ws}/agents/{agent}/guardrails/",
+        "guardrail_violation_list": f"/w/{ws}/guardrails/violations/",
+        "guardrail_violation_list_filtered": (
+            f"/w/{ws}/guardrails/violations/?agent={agent}&layer=input&check=prompt_injection&action=block"
+        ),
+        "guardrail_approval_list": f"/w/{ws}/guardrails/approvals/",
+        "guardrail_approval_detail": f"/w/{ws}/guardrails/approvals/{tenant.approval.pk}/",
+        "guardrail_budget_list": f"/w/{ws}/guardrails/budgets/",
     }
 
 
@@ -466,6 +487,23 @@ def post_cases(tenant: Tenant) -> dict[str, tuple[str, dict[str, Any]]]:
         "handoff_claim": (f"/w/{ws}/handoffs/{tenant.handoff.pk}/claim/", {}),
         "handoff_resolve": (f"/w/{ws}/handoffs/{tenant.handoff.pk}/resolve/", {"resolution": "Refunded the ride."}),
         "cache_hit_review": (f"/w/{ws}/cache-review/hits/{tenant.hit.pk}/", {"verdict": "false_hit"}),
+        "agent_guardrails_save": (
+            f"/w/{ws}/agents/{agent}/guardrails/",
+            {
+                "document": json.dumps(
+                    guardrail_services.guardrail_policy_get(agent=tenant.agent).document.model_dump(mode="json")
+                )
+            },
+        ),
+        "guardrail_approval_decide": (
+            f"/w/{ws}/guardrails/approvals/{tenant.approval.pk}/decide/",
+            {"decision": "approve", "note": "refund is fair"},
+        ),
+        "guardrail_budget_create": (
+            f"/w/{ws}/guardrails/budgets/",
+            {"scope": "agent", "period": "day", "agent": str(tenant.agent.pk), "limit_usd": "5"},
+        ),
+        "guardrail_budget_delete": (f"/w/{ws}/guardrails/budgets/{tenant.budget.pk}/delete/", {}),
     }
 
 
@@ -520,4 +558,14 @@ def db_state() -> dict[str, list[Any]]:
         ),
         "handoffs": list(Handoff.objects.order_by("pk").values_list("pk", "status", "assigned_to_id", "resolution")),
         "cache_hits": list(CacheHit.objects.order_by("pk").values_list("pk", "false_hit", "reviewed_by_id")),
+        "guardrail_policies": list(
+            GuardrailPolicy.objects.order_by("pk").values_list("pk", "document", "canary_secret_encrypted")
+        ),
+        "approvals": list(ApprovalRequest.objects.order_by("pk").values_list("pk", "status", "decided_by_id")),
+        "approval_events": list(ApprovalEvent.objects.order_by("pk").values_list("pk", "kind")),
+        "budgets": list(
+            Budget.objects.order_by("pk").values_list(
+                "pk", "scope", "scope_value", "period", "limit_usd", "limit_tokens"
+            )
+        ),
     }

@@ -61,6 +61,12 @@ PAGES = [
     "handoff_list",
     "cache_review",
     "cache_review_agent",
+    "agent_guardrails",
+    "guardrail_violation_list",
+    "guardrail_violation_list_filtered",
+    "guardrail_approval_list",
+    "guardrail_approval_detail",
+    "guardrail_budget_list",
 ]
 POSTS = [
     "agent_create",
@@ -101,6 +107,10 @@ POSTS = [
     "handoff_claim",
     "handoff_resolve",
     "cache_hit_review",
+    "agent_guardrails_save",
+    "guardrail_approval_decide",
+    "guardrail_budget_create",
+    "guardrail_budget_delete",
 ]
 # The writes that need the owner role.
 OWNER_POSTS = [
@@ -134,6 +144,9 @@ ROUTE_OF = {
     "agent_router_report_30d": "agent_router_report",
     "routing_decision_list_filtered": "routing_decision_list",
     "cache_review_agent": "cache_review",
+    "agent_guardrails_save": "agent_guardrails",
+    "guardrail_violation_list_filtered": "guardrail_violation_list",
+    "guardrail_budget_create": "guardrail_budget_list",
 }
 
 
