@@ -536,4 +536,7 @@ def demo_seed() -> Workspace:
     from routing import demo as routing_demo  # the gateway builds on tracing; import it here too
 
     routing_demo.demo_routing_seed(workspace)
+    from guardrails import demo as guardrails_demo  # guardrails build on the gateway; import it here too
+
+    guardrails_demo.demo_guardrails_seed(workspace)
     return workspace
