@@ -6,8 +6,10 @@ class GuardrailsConfig(AppConfig):
     name = "guardrails"
 
     def ready(self) -> None:
-        # Every tool call of the gateway passes the action boundary from here on (routing/hooks.py).
-        from guardrails import boundary
+        # From here on every tool call of the gateway passes the action boundary, and every request its
+        # content checks and budgets (routing/hooks.py).
+        from guardrails import boundary, gateway_guard
         from routing import hooks
 
         hooks.tool_call_checker_install(boundary.tool_call_authorize)
+        hooks.guard_install(gateway_guard.GatewayGuard())

@@ -146,6 +146,10 @@ class PolicyDocument(Strict):
     approval_tools: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=100)
     amount_arguments: dict[str, str] = Field(default_factory=dict)  # tool → argument its autonomy limit reads
     approval_ttl_hours: Annotated[int, Field(ge=1, le=24 * 30)] = 24
+    # Through the gateway an answer that an output check may block or redact is sent once it passed, as a
+    # whole. With `stream_live` it streams as the model writes it, and the output checks run after it has
+    # gone out: they record what they find but can no longer block or redact it.
+    stream_live: bool = False
 
     @model_validator(mode="after")
     def _unique(self) -> PolicyDocument:

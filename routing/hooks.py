@@ -1,10 +1,13 @@
-"""The action boundary: every tool call the gateway is about to run, or hand back to the client, passes
+"""Where the guardrails app plugs into the gateway (routing does not import guardrails).
+
+The action boundary: every tool call the gateway is about to run, or hand back to the client, passes
 `tool_call_check` first. Until the guardrails app installs its checker this allows everything; the hook
-exists so that no path of the agentic tier can reach a tool without passing it."""
+exists so that no path of the agentic tier can reach a tool without passing it. The content checks and
+budgets plug in the same way, as a `Guard`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,3 +50,86 @@ def tool_call_checker_install(checker: Checker | None) -> None:
 
 def tool_call_check(call: ToolCall) -> ToolCallVerdict:
     return _checker(call)
+
+
+# --- Content guardrails and budgets -----------------------------------------------------------------
+#
+# The gateway also runs the agent's content checks (input, tool results, output) and holds each model
+# call against the budgets. Both live in the guardrails app, which installs a `Guard`; until then
+# `NoGuard` lets everything through and holds nothing.
+
+
+@dataclass(frozen=True, slots=True)
+class ContentCheck:
+    agent_id: int
+    workspace_id: int
+    layer: str  # "input" | "tool" | "output"
+    source: str  # "user" | "tool_result" | "agent" | "model"
+    content: str
+    trace_id: str
+    system_prompt: str | None = None
+    prompt_name: str | None = None
+    prompt_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ContentVerdict:
+    action: str  # "allow" | "flag" | "redact" | "block" | "require_approval"
+    content: str  # what may go on: the content as given, or its redacted text
+    violations: tuple[dict[str, Any], ...] = ()  # {"check", "score", "evidence", "action", "failure"}
+    latency_ms: float = 0.0
+
+    @property
+    def stops(self) -> bool:
+        return self.action in ("block", "require_approval")
+
+
+@dataclass(frozen=True, slots=True)
+class Payer:
+    """Who a request's model calls are charged to: the budgets that match it hold each call."""
+
+    workspace_id: int
+    agent_id: int | None
+    api_key_id: int | None
+    end_user: str
+
+
+class Guard:
+    """The gateway's guardrails, as the guardrails app fills them in. This base allows and holds nothing."""
+
+    def content_check(self, check: ContentCheck) -> ContentVerdict:
+        return ContentVerdict(action="allow", content=check.content)
+
+    def canary(self, *, agent_id: int, prompt_name: str, prompt_version: int) -> str | None:
+        """A token to put in the system prompt of this prompt version, whose appearance in an output
+        shows the system prompt leaked; None for none."""
+        return None
+
+    def output_checked(self, *, agent_id: int) -> bool:
+        """Whether the agent's answers pass an output check that can change them (then they are not
+        streamed before the check has run)."""
+        return False
+
+    def spend_reserve(
+        self, payer: Payer, *, target: Any, messages: Sequence[Mapping[str, Any]], max_tokens: int | None
+    ) -> Any:
+        """Hold one model call's most it can cost; raises a KeelError (429) when a budget would overshoot.
+        Returns a hold for `spend_settle`."""
+        return None
+
+    def spend_settle(self, hold: Any, *, cost_usd: Any, tokens: int | None) -> None:
+        """Count what the call spent (None: the estimate) and release the rest of the hold."""
+
+
+NO_GUARD = Guard()
+_guard: Guard = NO_GUARD
+
+
+def guard_install(guard: Guard | None) -> None:
+    """Install the gateway's guardrails (None restores `NO_GUARD`)."""
+    global _guard
+    _guard = guard or NO_GUARD
+
+
+def guard() -> Guard:
+    return _guard

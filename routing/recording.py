@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from routing import providers
+from routing import hooks, providers
 from tracing import otlp
 
 SCOPE = "keel.gateway"
@@ -39,6 +39,7 @@ class TraceRecorder:
     spans: list[otlp.Span] = field(default_factory=list)
     prompt_name: str | None = None
     prompt_version: str | None = None
+    payer: hooks.Payer | None = None  # whose budgets hold this request's model calls
 
     def _common(self) -> dict[str, Any]:
         return {

@@ -27,7 +27,7 @@ from agent_registry import prompts
 from agent_registry.models import Agent, PromptType, PromptVersion
 from config import crypto
 from config.errors import Conflict
-from routing import hooks, providers
+from routing import guarding, hooks, providers
 from routing.models import AgentTool, ChainStep, Handoff, ModelTarget, RouterConfig, TierChoice
 from routing.recording import TraceRecorder
 
@@ -134,14 +134,36 @@ def model_call(
 ) -> providers.Completion:
     """One model call, recorded as a generation span; a failed one is recorded before ProviderFailed
     goes on to the caller."""
+    hold = spend_reserve(recorder, target, messages, parameters)
     started = time.time_ns()
     try:
         completion = providers.completion(target=target, messages=messages, parameters=parameters)
     except providers.ProviderFailed as error:
+        hooks.guard().spend_settle(hold, cost_usd=0, tokens=0)
         recorder.failed_generation(error, model=target.model, messages=messages, start_ns=started)
         raise
+    spend_settle(hold, completion)
     recorder.generation(completion, messages=messages, tools=tools, parent=parent, name=name)
     return completion
+
+
+def spend_reserve(
+    recorder: TraceRecorder, target: ModelTarget, messages: Sequence[Mapping[str, Any]], parameters: Mapping[str, Any]
+) -> Any:
+    """Hold a model call against the request's budgets (the guardrails' Guard); raises 429 over a limit."""
+    if recorder.payer is None:
+        return None
+    max_tokens = parameters.get("max_completion_tokens") or parameters.get("max_tokens")
+    return hooks.guard().spend_reserve(
+        recorder.payer, target=target, messages=messages, max_tokens=max_tokens if isinstance(max_tokens, int) else None
+    )
+
+
+def spend_settle(hold: Any, completion: providers.Completion) -> None:
+    tokens = None
+    if completion.input_tokens is not None or completion.output_tokens is not None:
+        tokens = (completion.input_tokens or 0) + (completion.output_tokens or 0)
+    hooks.guard().spend_settle(hold, cost_usd=completion.cost_usd, tokens=tokens)
 
 
 def single_result(completion: providers.Completion) -> TierResult:
@@ -371,9 +393,14 @@ def agentic(context: TierContext, messages: Sequence[Mapping[str, Any]]) -> Tier
                 error_message=failure,
             )
             text = tool_result if isinstance(tool_result, str) else json.dumps(tool_result, default=str)
-            conversation.append(
-                {"role": "tool", "tool_call_id": call.get("id"), "content": text[:MAX_TOOL_RESULT_CHARS]}
+            text = guarding.tool_result_guarded(
+                context.recorder,
+                agent_id=context.agent.pk,
+                workspace_id=context.agent.workspace_id,
+                tool=name,
+                content=text[:MAX_TOOL_RESULT_CHARS],
             )
+            conversation.append({"role": "tool", "tool_call_id": call.get("id"), "content": text})
 
 
 # --- human -------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from litellm.exceptions import InternalServerError, ServiceUnavailableError, Tim
 
 from agent_registry import services as registry_services
 from agent_registry.tests.factories import AgentFactory
+from guardrails import services as guardrail_services
 from routing import shadow
 from routing.models import AgentTool, ChainStep, Handoff, ModelTarget, RoutingDecision, ShadowRun, ShadowStatus
 from routing.tests.conftest import Gateway, ToolServer, gateway_agent, targets
@@ -43,7 +44,11 @@ def test_a_plain_request_runs_the_single_call_tier_with_the_production_prompt_an
     assert body["keel"]["tier"] == "single_call"
     assert response["X-Keel-Tier"] == "single_call"
     sent = gateway.fake.received[0]
-    assert sent.messages[0] == {"role": "system", "content": "You are Acme's ride support assistant."}
+    # The production prompt, with the prompt version's canary at its end (the output layer looks for it).
+    assert sent.messages[0]["role"] == "system"
+    prompt, marker = sent.messages[0]["content"].split("\n\n")
+    assert prompt == "You are Acme's ride support assistant."
+    assert marker.startswith("[kc-")
     decision = RoutingDecision.objects.get()
     assert (decision.trace_id, decision.tier, decision.status) == (body["keel"]["trace_id"], "single_call", "ok")
     assert decision.reason
@@ -338,7 +343,14 @@ def _events(response) -> list[Any]:
     return [event if event == "[DONE]" else json.loads(event) for event in events]
 
 
+def _stream_live(agent) -> None:
+    """The agent's guardrail policy lets answers stream as they are written (checked after they went out)."""
+    document = guardrail_services.guardrail_policy_get(agent=agent).document.model_dump(mode="json")
+    guardrail_services.guardrail_policy_update(agent=agent, document={**document, "stream_live": True})
+
+
 def test_streaming_forwards_the_providers_chunks_and_records_the_answer(gateway):
+    _stream_live(gateway.agent)
     gateway.fake.script("fast", say("Your receipt is on its way"))
 
     response = gateway.ask("receipt please", stream=True)
@@ -356,6 +368,7 @@ def test_streaming_forwards_the_providers_chunks_and_records_the_answer(gateway)
 
 
 def test_a_stream_cut_by_the_provider_ends_with_an_error_event_and_is_recorded(gateway):
+    _stream_live(gateway.agent)
     gateway.fake.script("fast", Cut("one two three four five", after=2))
 
     events = _events(gateway.ask("tell me", stream=True))

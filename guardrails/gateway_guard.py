@@ -1,0 +1,103 @@
+"""The guardrails in the gateway's request path: the `routing.hooks.Guard` this app installs.
+
+Content checks run the agent's policy through `services.guardrail_evaluate` (so every hit is a recorded
+violation, whichever path found it); a tool result that only looks suspicious goes on spotlighted. Every
+model call is held against the budgets that match the request (`budgets.budget_reserve`) and settled
+with what the provider reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
+from typing import Any
+
+from agent_registry.models import Agent
+from guardrails import budgets, services
+from guardrails.checks import canary_token
+from guardrails.interface import Action, Layer
+from guardrails.spotlight import spotlight
+from routing import hooks, providers
+from routing.models import ModelTarget
+
+_STOPPING_OUTPUT = {Action.BLOCK, Action.REDACT, Action.REQUIRE_APPROVAL}
+
+
+def _agent(agent_id: int, workspace_id: int | None = None) -> Agent | None:
+    found = Agent.objects.filter(pk=agent_id)
+    if workspace_id is not None:
+        found = found.filter(workspace_id=workspace_id)
+    return found.first()
+
+
+class GatewayGuard(hooks.Guard):
+    def content_check(self, check: hooks.ContentCheck) -> hooks.ContentVerdict:
+        agent = _agent(check.agent_id, check.workspace_id)
+        if agent is None:
+            # Fails closed, like the action boundary: content for an agent that is gone goes nowhere.
+            return hooks.ContentVerdict(
+                action="block",
+                content="",
+                violations=({"check": "agent", "score": 1.0, "evidence": "unknown agent", "action": "block"},),
+            )
+        context: dict[str, Any] = {}
+        if check.system_prompt:
+            context["system_prompt"] = check.system_prompt
+        if check.prompt_name and check.prompt_version is not None:
+            context |= {"prompt_name": check.prompt_name, "prompt_version": check.prompt_version}
+        outcome = services.guardrail_evaluate(
+            agent=agent,
+            layer=check.layer,
+            content=check.content,
+            context=context,
+            source=check.source,
+            trace_id=check.trace_id,
+        )
+        content = outcome.content if isinstance(outcome.content, str) else check.content
+        if check.layer == Layer.TOOL and outcome.verdict is Action.FLAG:
+            content = spotlight(content, check.source)
+        return hooks.ContentVerdict(
+            action=outcome.verdict.value,
+            content=content,
+            violations=tuple(outcome.violations),
+            latency_ms=outcome.latency_ms,
+        )
+
+    def canary(self, *, agent_id: int, prompt_name: str, prompt_version: int) -> str | None:
+        agent = _agent(agent_id)
+        if agent is None:
+            return None
+        return canary_token(services.guardrail_policy_get(agent=agent).canary_secret, prompt_name, prompt_version)
+
+    def output_checked(self, *, agent_id: int) -> bool:
+        agent = _agent(agent_id)
+        if agent is None:
+            return True
+        document = services.guardrail_policy_get(agent=agent).document
+        if document.stream_live:
+            return False
+        return bool(document.model_rules_for(Layer.OUTPUT)) or any(
+            rule.action in _STOPPING_OUTPUT for rule in document.rules_for(Layer.OUTPUT, "model")
+        )
+
+    def spend_reserve(
+        self, payer: hooks.Payer, *, target: Any, messages: Sequence[Mapping[str, Any]], max_tokens: int | None
+    ) -> budgets.Reservation:
+        assert isinstance(target, ModelTarget)
+        input_tokens = budgets.prompt_tokens_estimate(messages)
+        output_tokens = max_tokens or budgets.DEFAULT_MAX_OUTPUT_TOKENS
+        cost = providers.cost_of(target, None, input_tokens, output_tokens)
+        return budgets.budget_reserve(
+            workspace_id=payer.workspace_id,
+            agent_id=payer.agent_id,
+            api_key_id=payer.api_key_id,
+            end_user=payer.end_user,
+            estimated_usd=cost if cost is not None else Decimal(0),
+            estimated_tokens=input_tokens + output_tokens,
+        )
+
+    def spend_settle(self, hold: Any, *, cost_usd: Any, tokens: int | None) -> None:
+        if not isinstance(hold, budgets.Reservation):
+            return
+        actual = None if cost_usd is None else Decimal(str(cost_usd))
+        budgets.budget_settle(reservation=hold, actual_usd=actual, actual_tokens=tokens)

@@ -1,0 +1,105 @@
+"""The gateway's content guardrails, as spans: each check of a message (user input, a tool result, the
+answer) asks the installed `hooks.Guard` and records what it decided as a guardrail span of the request.
+
+What a verdict does to the message is decided here, per place:
+- user input that is blocked ends the request (400 `guardrail_blocked`); redacted input reaches the
+  model redacted;
+- a tool result that is blocked is withheld from the model (a notice stands in its place, so the
+  conversation can go on); otherwise it goes on as the guard passes it (redacted, or spotlighted:
+  delimited and marked as data);
+- an answer that is blocked is replaced by a refusal with `finish_reason: "content_filter"`; a redacted
+  one goes out redacted.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from config.errors import ValidationFailed
+from routing import hooks
+from routing.recording import TraceRecorder
+
+WITHHELD = "[Keel withheld this tool result: {reason}. Do not rely on it; tell the user it could not be used.]"
+REFUSAL = "I can't share that answer: it did not pass this assistant's safety checks."
+
+
+class GuardrailBlocked(ValidationFailed):
+    status = 400
+    code = "guardrail_blocked"
+
+
+def reason_of(verdict: hooks.ContentVerdict) -> str:
+    checks = sorted({str(item.get("check")) for item in verdict.violations if item.get("action") == verdict.action})
+    return ", ".join(checks) or verdict.action
+
+
+def content_guard(
+    recorder: TraceRecorder,
+    *,
+    agent_id: int,
+    workspace_id: int,
+    layer: str,
+    source: str,
+    content: str,
+    label: str,
+    system_prompt: str | None = None,
+    prompt_name: str | None = None,
+    prompt_version: int | None = None,
+    parent: str | None = None,
+) -> hooks.ContentVerdict:
+    """Run the agent's checks for one layer on one message and record the decision as a span."""
+    started = time.time_ns()
+    verdict = hooks.guard().content_check(
+        hooks.ContentCheck(
+            agent_id=agent_id,
+            workspace_id=workspace_id,
+            layer=layer,
+            source=source,
+            content=content,
+            trace_id=recorder.trace_id,
+            system_prompt=system_prompt,
+            prompt_name=prompt_name,
+            prompt_version=prompt_version,
+        )
+    )
+    recorder.span(
+        name=f"guardrail {layer}: {label} {verdict.action}",
+        span_type="guardrail",
+        start_ns=started,
+        parent=parent,
+        status="error" if verdict.stops else "ok",
+        status_message=reason_of(verdict) if verdict.stops else "",
+        output={"verdict": verdict.action, "violations": list(verdict.violations)},
+        metadata={"layer": layer, "source": source, "latency_ms": verdict.latency_ms},
+    )
+    return verdict
+
+
+def tool_result_guarded(
+    recorder: TraceRecorder, *, agent_id: int, workspace_id: int, tool: str, content: str, parent: str | None = None
+) -> str:
+    """A tool result as the model may see it: withheld when blocked; otherwise what the guard passes on
+    (redacted, or spotlighted when it looked suspicious)."""
+    verdict = content_guard(
+        recorder,
+        agent_id=agent_id,
+        workspace_id=workspace_id,
+        layer="tool",
+        source="tool_result",
+        content=content,
+        label=f"result of {tool}",
+        parent=parent,
+    )
+    if verdict.stops:
+        return WITHHELD.format(reason=reason_of(verdict))
+    return verdict.content
+
+
+def answer_guarded(message: dict[str, Any], verdict: hooks.ContentVerdict) -> tuple[dict[str, Any], str | None]:
+    """The answer as the caller may see it, and the finish reason to report instead (None: unchanged)."""
+    if verdict.stops:
+        return {"role": "assistant", "content": REFUSAL}, "content_filter"
+    if verdict.action == "redact" and verdict.content != message.get("content"):
+        return {**message, "content": verdict.content}, None
+    return message, None
