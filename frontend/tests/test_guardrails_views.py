@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -21,7 +22,7 @@ from guardrails.tests.factories import ApprovalRequestFactory, GuardrailViolatio
 pytestmark = pytest.mark.django_db
 
 
-def _document(tenant) -> dict:
+def _document(tenant) -> dict[str, Any]:
     return services.guardrail_policy_get(agent=tenant.agent).document.model_dump(mode="json")
 
 
@@ -170,6 +171,7 @@ def test_a_request_is_approved_once_and_a_second_decision_is_refused(tenant, mem
     again = member_client.post(url, {"decision": "reject", "note": "changed my mind"}, follow=True)
 
     approval = ApprovalRequest.objects.get(pk=tenant.approval.pk)
+    assert approval.decided_by is not None
     assert (approval.status, approval.decided_by.username, approval.decision_note) == (
         "approved",
         "mia",
