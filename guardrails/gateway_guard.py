@@ -23,30 +23,15 @@ from routing.models import ModelTarget
 _STOPPING_OUTPUT = {Action.BLOCK, Action.REDACT, Action.REQUIRE_APPROVAL}
 
 
-def _agent(agent_id: int, workspace_id: int | None = None) -> Agent | None:
-    found = Agent.objects.filter(pk=agent_id)
-    if workspace_id is not None:
-        found = found.filter(workspace_id=workspace_id)
-    return found.first()
-
-
 class GatewayGuard(hooks.Guard):
     def content_check(self, check: hooks.ContentCheck) -> hooks.ContentVerdict:
-        agent = _agent(check.agent_id, check.workspace_id)
-        if agent is None:
-            # Fails closed, like the action boundary: content for an agent that is gone goes nowhere.
-            return hooks.ContentVerdict(
-                action="block",
-                content="",
-                violations=({"check": "agent", "score": 1.0, "evidence": "unknown agent", "action": "block"},),
-            )
         context: dict[str, Any] = {}
         if check.system_prompt:
             context["system_prompt"] = check.system_prompt
         if check.prompt_name and check.prompt_version is not None:
             context |= {"prompt_name": check.prompt_name, "prompt_version": check.prompt_version}
         outcome = services.guardrail_evaluate(
-            agent=agent,
+            agent=check.agent,
             layer=check.layer,
             content=check.content,
             context=context,
@@ -63,16 +48,10 @@ class GatewayGuard(hooks.Guard):
             latency_ms=outcome.latency_ms,
         )
 
-    def canary(self, *, agent_id: int, prompt_name: str, prompt_version: int) -> str | None:
-        agent = _agent(agent_id)
-        if agent is None:
-            return None
+    def canary(self, *, agent: Agent, prompt_name: str, prompt_version: int) -> str | None:
         return canary_token(services.guardrail_policy_get(agent=agent).canary_secret, prompt_name, prompt_version)
 
-    def output_checked(self, *, agent_id: int) -> bool:
-        agent = _agent(agent_id)
-        if agent is None:
-            return True
+    def output_checked(self, *, agent: Agent) -> bool:
         document = services.guardrail_policy_get(agent=agent).document
         if document.stream_live:
             return False

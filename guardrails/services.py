@@ -39,6 +39,7 @@ from guardrails.models import (
     GuardrailPolicy,
     GuardrailViolation,
 )
+from routing import selectors as routing_selectors
 from routing.models import ModelTarget
 
 logger = logging.getLogger("guardrails.services")
@@ -68,14 +69,39 @@ def _default_canary_secret(agent: Agent) -> str:
     return hmac.new(settings.SECRET_KEY.encode(), f"keel-canary:{agent.pk}".encode(), hashlib.sha256).hexdigest()
 
 
+@dataclass(frozen=True)
+class _Derived:
+    mandatory: list[policy.Mandatory]
+    default: policy.PolicyDocument
+
+
+# What a requirements version derives for the guardrails, kept per version id: versions never change, and
+# the gateway asks for the policy several times a request.
+_DERIVED_KEEP = 512
+_derived: dict[int | None, _Derived] = {}
+
+
+def _derived_policy(version_id: int | None, requirements: Requirements | None) -> _Derived:
+    found = _derived.get(version_id)
+    if found is None:
+        if len(_derived) >= _DERIVED_KEEP:
+            _derived.clear()
+        found = _derived[version_id] = _Derived(
+            policy.mandatory_checks(requirements), policy.default_policy(requirements)
+        )
+    return found
+
+
 def guardrail_policy_get(*, agent: Agent) -> EffectivePolicy:
-    requirements = registry_selectors.requirements_current(agent=agent)
-    mandatory = policy.mandatory_checks(requirements)
+    # Parsed once per requirements version (routing's cache), not on every call.
+    requirements = routing_selectors.requirements_of(agent=agent)
+    derived = _derived_policy(agent.current_requirements_id, requirements)
+    mandatory = list(derived.mandatory)
     saved = GuardrailPolicy.objects.filter(agent=agent).first()
     if saved is None:
         return EffectivePolicy(
             agent=agent,
-            document=policy.default_policy(requirements),
+            document=derived.default.model_copy(deep=True),
             saved=False,
             mandatory=mandatory,
             requirements=requirements,

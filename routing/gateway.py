@@ -189,7 +189,7 @@ def _policy(agent: Agent, config: RouterConfig | None) -> tuple[router.Policy, d
 
 def _canary_marked(agent: Agent, version: PromptVersion, system: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The system prompt with the prompt version's canary at its end, so a leak of it is certain to show."""
-    canary = hooks.guard().canary(agent_id=agent.pk, prompt_name=version.prompt.name, prompt_version=version.version)
+    canary = hooks.guard().canary(agent=agent, prompt_name=version.prompt.name, prompt_version=version.version)
     if canary is None or not system or not isinstance(system[-1].get("content"), str):
         return system
     last = dict(system[-1])
@@ -215,16 +215,14 @@ def _input_guarded(plan: _Plan, agent: Agent, messages: list[dict[str, Any]]) ->
         if role == "tool":
             message["content"] = guarding.tool_result_guarded(
                 plan.recorder,
-                agent_id=agent.pk,
-                workspace_id=agent.workspace_id,
+                agent=agent,
                 tool=str(tool_names.get(message.get("tool_call_id")) or message.get("name") or "a tool"),
                 content=content,
             )
             continue
         verdict = guarding.content_guard(
             plan.recorder,
-            agent_id=agent.pk,
-            workspace_id=agent.workspace_id,
+            agent=agent,
             layer="input",
             source="user",
             content=content,
@@ -248,8 +246,7 @@ def _output_guarded(plan: _Plan, result: tiers.TierResult) -> None:
         return
     verdict = guarding.content_guard(
         plan.recorder,
-        agent_id=agent.pk,
-        workspace_id=agent.workspace_id,
+        agent=agent,
         layer="output",
         source="model",
         content=content,
@@ -672,7 +669,7 @@ def chat_completion_stream(
         decision is not None
         and decision.tier == TierChoice.SINGLE_CALL
         and plan.agent is not None
-        and not hooks.guard().output_checked(agent_id=plan.agent.pk)
+        and not hooks.guard().output_checked(agent=plan.agent)
     )
     if streams_live and decision is not None:
         cached = _cache_check(plan)

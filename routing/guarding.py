@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from agent_registry.models import Agent
 from config.errors import ValidationFailed
 from routing import hooks
 from routing.recording import TraceRecorder
@@ -37,8 +38,7 @@ def reason_of(verdict: hooks.ContentVerdict) -> str:
 def content_guard(
     recorder: TraceRecorder,
     *,
-    agent_id: int,
-    workspace_id: int,
+    agent: Agent,
     layer: str,
     source: str,
     content: str,
@@ -52,8 +52,7 @@ def content_guard(
     started = time.time_ns()
     verdict = hooks.guard().content_check(
         hooks.ContentCheck(
-            agent_id=agent_id,
-            workspace_id=workspace_id,
+            agent=agent,
             layer=layer,
             source=source,
             content=content,
@@ -77,14 +76,13 @@ def content_guard(
 
 
 def tool_result_guarded(
-    recorder: TraceRecorder, *, agent_id: int, workspace_id: int, tool: str, content: str, parent: str | None = None
+    recorder: TraceRecorder, *, agent: Agent, tool: str, content: str, parent: str | None = None
 ) -> str:
     """A tool result as the model may see it: withheld when blocked; otherwise what the guard passes on
     (redacted, or spotlighted when it looked suspicious)."""
     verdict = content_guard(
         recorder,
-        agent_id=agent_id,
-        workspace_id=workspace_id,
+        agent=agent,
         layer="tool",
         source="tool_result",
         content=content,

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agent_registry.models import Agent
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +64,7 @@ def tool_call_check(call: ToolCall) -> ToolCallVerdict:
 
 @dataclass(frozen=True, slots=True)
 class ContentCheck:
-    agent_id: int
-    workspace_id: int
+    agent: Agent
     layer: str  # "input" | "tool" | "output"
     source: str  # "user" | "tool_result" | "agent" | "model"
     content: str
@@ -100,12 +102,12 @@ class Guard:
     def content_check(self, check: ContentCheck) -> ContentVerdict:
         return ContentVerdict(action="allow", content=check.content)
 
-    def canary(self, *, agent_id: int, prompt_name: str, prompt_version: int) -> str | None:
+    def canary(self, *, agent: Agent, prompt_name: str, prompt_version: int) -> str | None:
         """A token to put in the system prompt of this prompt version, whose appearance in an output
         shows the system prompt leaked; None for none."""
         return None
 
-    def output_checked(self, *, agent_id: int) -> bool:
+    def output_checked(self, *, agent: Agent) -> bool:
         """Whether the agent's answers pass an output check that can change them (then they are not
         streamed before the check has run)."""
         return False

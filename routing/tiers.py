@@ -395,8 +395,7 @@ def agentic(context: TierContext, messages: Sequence[Mapping[str, Any]]) -> Tier
             text = tool_result if isinstance(tool_result, str) else json.dumps(tool_result, default=str)
             text = guarding.tool_result_guarded(
                 context.recorder,
-                agent_id=context.agent.pk,
-                workspace_id=context.agent.workspace_id,
+                agent=context.agent,
                 tool=name,
                 content=text[:MAX_TOOL_RESULT_CHARS],
             )
