@@ -37,6 +37,7 @@ class GatewayGuard(hooks.Guard):
             context=context,
             source=check.source,
             trace_id=check.trace_id,
+            redact_only=check.history,
         )
         content = outcome.content if isinstance(outcome.content, str) else check.content
         if check.layer == Layer.TOOL and outcome.verdict is Action.FLAG:
@@ -46,6 +47,7 @@ class GatewayGuard(hooks.Guard):
             content=content,
             violations=tuple(outcome.violations),
             latency_ms=outcome.latency_ms,
+            pseudonyms=outcome.pseudonyms(),
         )
 
     def canary(self, *, agent: Agent, prompt_name: str, prompt_version: int) -> str | None:

@@ -39,6 +39,7 @@ from guardrails.models import (
     GuardrailPolicy,
     GuardrailViolation,
 )
+from guardrails.pii import pseudonym_for
 from routing import selectors as routing_selectors
 from routing.models import ModelTarget
 
@@ -184,6 +185,18 @@ class GuardrailOutcome:
     violations: list[dict[str, Any]]  # {"check", "score", "evidence", "action", "failure"}
     latency_ms: float
     results: list[CheckResult]
+    pseudonym_key: str | None = field(default=None, repr=False)  # set when PII became pseudonyms
+
+    def pseudonyms(self) -> dict[str, str]:
+        """Each pseudonym in the content and the value it stands for (to restore server-side)."""
+        if self.pseudonym_key is None:
+            return {}
+        return {
+            pseudonym_for(finding.kind, finding.text, self.pseudonym_key): finding.text
+            for result in self.results
+            if result.check == "pii" and result.redacted is not None
+            for finding in result.findings
+        }
 
 
 def _text(content: Any) -> str:
@@ -305,23 +318,40 @@ def guardrail_evaluate(
     source: str = "user",
     trace_id: str = "",
     api_key: ApiKey | None = None,
+    redact_only: bool = False,
 ) -> GuardrailOutcome:
     """Run the agent's checks for one layer on `content` (text, or JSON which is checked as its text) and
     record a `GuardrailViolation` per hit. `context` may carry `system_prompt`, `canary` (or `prompt_name`
     and `prompt_version` to derive it), `json_schema` and `allowed_topics`. The verdict is the most severe
     action among the hits; a model-based check that fails is recorded and follows its fail_open setting.
     `api_key` is the caller's key when the API asks (logged with the hits). Raises LayerUnknown; never fails on
-    the content itself (invalid JSON for a schema is a violation)."""
+    the content itself (invalid JSON for a schema is a violation).
+
+    `redact_only` runs just the redacting rules and records nothing: for content that already passed the
+    checks once (earlier turns of a conversation sent again) but must still reach the model redacted."""
     started = time.perf_counter()
     resolved_layer = _layer(layer)
     effective = guardrail_policy_get(agent=agent)
     document = effective.document
     check_context = _context(effective, resolved_layer, source, context or {})
     original = _text(content)
+    if redact_only:
+        document = document.model_copy(
+            update={"checks": [rule for rule in document.checks if rule.action is Action.REDACT], "model_checks": []}
+        )
     text, hits, results = _builtin_checks(document, resolved_layer, original, check_context)
     model_hits, model_results = _model_checks(agent=agent, document=document, layer=resolved_layer, text=text)
     hits += model_hits
     results += model_results
+    if redact_only:
+        return GuardrailOutcome(
+            verdict=policy.action_combine(hit.action for hit in hits),
+            content=text if text != original else content,
+            violations=[],
+            latency_ms=round((time.perf_counter() - started) * 1000, 3),
+            results=results,
+            pseudonym_key=check_context.pseudonym_key if check_context.pseudonymize else None,
+        )
     verdict = policy.action_combine(hit.action for hit in hits if hit.failure != FailureMode.FAILED_OPEN)
     GuardrailViolation.objects.bulk_create(
         GuardrailViolation(
@@ -364,6 +394,7 @@ def guardrail_evaluate(
         ],
         latency_ms=round((time.perf_counter() - started) * 1000, 3),
         results=results,
+        pseudonym_key=check_context.pseudonym_key if check_context.pseudonymize else None,
     )
 
 

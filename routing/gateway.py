@@ -86,6 +86,7 @@ class _Plan:
     client_messages: list[dict[str, Any]] = field(default_factory=list)  # the caller's, after the input layer
     system_prompt: str | None = None
     violations: list[dict[str, Any]] = field(default_factory=list)  # what the guardrails found, for the answer
+    pseudonyms: dict[str, str] = field(default_factory=dict)  # the input's pseudonyms -> what they stand for
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -198,9 +199,11 @@ def _canary_marked(agent: Agent, version: PromptVersion, system: list[dict[str, 
 
 
 def _input_guarded(plan: _Plan, agent: Agent, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The input layer on what is new in this turn (the messages after the last assistant message): user
-    messages get the input checks, tool results the tool checks. Earlier turns passed when they were new.
-    Blocked user input ends the request; redacted input reaches the model redacted."""
+    """The input layer on the caller's messages. What is new in this turn (the messages after the last
+    assistant message) is checked and recorded: user messages on the input layer, tool results on the
+    tool layer. Earlier turns passed when they were new, but the caller sends them again as it has them
+    (with the answers' pseudonyms restored), so they are redacted again, silently. Blocked user input ends
+    the request; redacted input reaches the model redacted."""
     last_answer = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
     tool_names = {
         call.get("id"): (call.get("function") or {}).get("name")
@@ -208,9 +211,12 @@ def _input_guarded(plan: _Plan, agent: Agent, messages: list[dict[str, Any]]) ->
         if isinstance(call, Mapping)
     }
     guarded = [dict(message) for message in messages]
-    for message in guarded[last_answer + 1 :]:
+    for index, message in enumerate(guarded):
         content, role = message.get("content"), message.get("role")
-        if role not in ("user", "tool") or not isinstance(content, str) or not content:
+        history = index <= last_answer
+        if role not in ("user", "tool", "assistant") or not isinstance(content, str) or not content:
+            continue
+        if role == "assistant" and not history:
             continue
         if role == "tool":
             message["content"] = guarding.tool_result_guarded(
@@ -218,6 +224,8 @@ def _input_guarded(plan: _Plan, agent: Agent, messages: list[dict[str, Any]]) ->
                 agent=agent,
                 tool=str(tool_names.get(message.get("tool_call_id")) or message.get("name") or "a tool"),
                 content=content,
+                pseudonyms=plan.pseudonyms,
+                history=history,
             )
             continue
         verdict = guarding.content_guard(
@@ -227,14 +235,18 @@ def _input_guarded(plan: _Plan, agent: Agent, messages: list[dict[str, Any]]) ->
             source="user",
             content=content,
             label="user message",
+            history=history,
         )
+        plan.pseudonyms.update(verdict.pseudonyms)
+        message["content"] = verdict.content
+        if history:
+            continue
         plan.violations += [{"layer": "input", **item} for item in verdict.violations]
         if verdict.stops:
             raise guarding.GuardrailBlocked(
                 f"the request was blocked by the agent's input guardrails ({guarding.reason_of(verdict)})",
                 errors=[{"field": "messages", "message": str(item.get("evidence"))} for item in verdict.violations],
             )
-        message["content"] = verdict.content
     plan.client_messages = guarded
     return guarded
 
@@ -316,6 +328,7 @@ def _plan_agent(plan: _Plan, agent: Agent) -> None:
         time_budget_ms=budget.get("time_budget_ms"),
         max_steps=budget.get("max_steps"),
         routing_reason=plan.decision.reason,
+        pseudonyms=plan.pseudonyms,
     )
     _decision_span(plan)
 
@@ -440,7 +453,8 @@ def _answer(plan: _Plan, result: tiers.TierResult, *, cache_hit: bool = False) -
     return completion_body(
         completion_id=f"chatcmpl-{plan.recorder.trace_id}",
         model=plan.request.model,
-        message=result.message,
+        # The caller gets its own values back; the trajectory keeps the pseudonyms the model saw.
+        message=guarding.pseudonyms_restored(result.message, plan.pseudonyms),
         finish_reason=result.finish_reason,
         input_tokens=result.input_tokens,
         output_tokens=result.output_tokens,

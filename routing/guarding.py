@@ -14,6 +14,7 @@ What a verdict does to the message is decided here, per place:
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from agent_registry.models import Agent
@@ -47,8 +48,10 @@ def content_guard(
     prompt_name: str | None = None,
     prompt_version: int | None = None,
     parent: str | None = None,
+    history: bool = False,
 ) -> hooks.ContentVerdict:
-    """Run the agent's checks for one layer on one message and record the decision as a span."""
+    """Run the agent's checks for one layer on one message and record the decision as a span. With
+    `history` (an earlier turn sent again) only redaction runs, and there is nothing to record."""
     started = time.time_ns()
     verdict = hooks.guard().content_check(
         hooks.ContentCheck(
@@ -60,8 +63,11 @@ def content_guard(
             system_prompt=system_prompt,
             prompt_name=prompt_name,
             prompt_version=prompt_version,
+            history=history,
         )
     )
+    if history:
+        return verdict
     recorder.span(
         name=f"guardrail {layer}: {label} {verdict.action}",
         span_type="guardrail",
@@ -76,7 +82,14 @@ def content_guard(
 
 
 def tool_result_guarded(
-    recorder: TraceRecorder, *, agent: Agent, tool: str, content: str, parent: str | None = None
+    recorder: TraceRecorder,
+    *,
+    agent: Agent,
+    tool: str,
+    content: str,
+    pseudonyms: dict[str, str],
+    parent: str | None = None,
+    history: bool = False,
 ) -> str:
     """A tool result as the model may see it: withheld when blocked; otherwise what the guard passes on
     (redacted, or spotlighted when it looked suspicious)."""
@@ -88,10 +101,30 @@ def tool_result_guarded(
         content=content,
         label=f"result of {tool}",
         parent=parent,
+        history=history,
     )
-    if verdict.stops:
+    pseudonyms.update(verdict.pseudonyms)
+    if verdict.stops and not history:
         return WITHHELD.format(reason=reason_of(verdict))
     return verdict.content
+
+
+def pseudonyms_restored(value: Any, pseudonyms: Mapping[str, str]) -> Any:
+    """`value` (text, or JSON such as tool arguments) with each pseudonym replaced by the value it stands
+    for: what the caller and the agent's own tools get back, while the model and the trajectory keep the
+    pseudonyms."""
+    if not pseudonyms:
+        return value
+    if isinstance(value, str):
+        for token, original in pseudonyms.items():
+            if token in value:
+                value = value.replace(token, original)
+        return value
+    if isinstance(value, list):
+        return [pseudonyms_restored(item, pseudonyms) for item in value]
+    if isinstance(value, dict):
+        return {key: pseudonyms_restored(item, pseudonyms) for key, item in value.items()}
+    return value
 
 
 def answer_guarded(message: dict[str, Any], verdict: hooks.ContentVerdict) -> tuple[dict[str, Any], str | None]:

@@ -8,7 +8,7 @@ budgets plug in the same way, as a `Guard`."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -72,6 +72,8 @@ class ContentCheck:
     system_prompt: str | None = None
     prompt_name: str | None = None
     prompt_version: int | None = None
+    # An earlier turn sent again: it passed its checks when new, so only redaction runs and nothing is recorded.
+    history: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +82,7 @@ class ContentVerdict:
     content: str  # what may go on: the content as given, or its redacted text
     violations: tuple[dict[str, Any], ...] = ()  # {"check", "score", "evidence", "action", "failure"}
     latency_ms: float = 0.0
+    pseudonyms: Mapping[str, str] = field(default_factory=dict)  # pseudonym -> the value it stands for
 
     @property
     def stops(self) -> bool:

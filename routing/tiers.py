@@ -57,6 +57,7 @@ class TierContext:
     time_budget_ms: int | None
     max_steps: int | None
     routing_reason: str = ""
+    pseudonyms: dict[str, str] = field(default_factory=dict)  # the input's pseudonyms -> what they stand for
 
 
 @dataclass(slots=True)
@@ -378,7 +379,9 @@ def agentic(context: TierContext, messages: Sequence[Mapping[str, Any]]) -> Tier
         for call, name in zip(calls, names, strict=True):
             arguments = _arguments(call)
             tool_started = time.time_ns()
-            tool_result, failure = _endpoint_call(registered[name], arguments, context)
+            # The agent's own endpoint acts on the real values; the model and the trace keep the pseudonyms.
+            real_arguments = guarding.pseudonyms_restored(arguments, context.pseudonyms)
+            tool_result, failure = _endpoint_call(registered[name], real_arguments, context)
             context.recorder.span(
                 name=f"tool {name}",
                 span_type="tool",
@@ -398,6 +401,7 @@ def agentic(context: TierContext, messages: Sequence[Mapping[str, Any]]) -> Tier
                 agent=context.agent,
                 tool=name,
                 content=text[:MAX_TOOL_RESULT_CHARS],
+                pseudonyms=context.pseudonyms,
             )
             conversation.append({"role": "tool", "tool_call_id": call.get("id"), "content": text})
 

@@ -299,3 +299,69 @@ def test_with_stream_live_a_leak_goes_out_but_is_recorded(gateway):
     assert "ride support assistant" in text  # the policy chose live streaming: the check can only record
     violation = GuardrailViolation.objects.get(agent=gateway.agent, layer="output")
     assert (violation.check_name, violation.action) == ("system_prompt_leakage", "block")
+
+
+def pseudonymizing(gateway: Gateway) -> None:
+    policy_with(gateway, pii__input="redact")
+    document = services.guardrail_policy_get(agent=gateway.agent).document.model_dump(mode="json")
+    services.guardrail_policy_update(agent=gateway.agent, document={**document, "pseudonymize": True})
+
+
+@pytest.mark.django_db
+def test_pseudonyms_reach_the_model_and_the_caller_gets_its_own_values_back(gateway):
+    pseudonymizing(gateway)
+    gateway.fake.script("fast", say("placeholder"))
+    gateway.ask("Send the receipt to jane.doe@example.com please")
+    sent = gateway.fake.received[0].messages[-1]["content"]
+    (token,) = [word for word in sent.split() if word.startswith("«EMAIL_")]
+    gateway.fake.script("fast", say(f"Done: the receipt went to {token}."))
+
+    response = gateway.ask("Send the receipt to jane.doe@example.com please")
+
+    assert "jane.doe@example.com" not in gateway.fake.received[1].messages[-1]["content"]
+    assert response.json()["choices"][0]["message"]["content"] == "Done: the receipt went to jane.doe@example.com."
+    process_pending()
+    root = Span.objects.get(trace_id=response["X-Keel-Trace-Id"], parent_span_id="")
+    assert "jane.doe@example.com" not in json.dumps(root.data)  # the trajectory keeps the pseudonym
+
+
+@pytest.mark.django_db
+def test_a_keel_side_tool_gets_the_real_value_behind_a_pseudonym(gateway, tool_server):
+    pseudonymizing(gateway)
+    gateway.config.rules = [{"name": "receipts", "kind": "keywords", "value": "receipt", "to_tier": "agentic"}]
+    gateway.config.save()
+    AgentTool.objects.create(
+        agent=gateway.agent, name="lookup_trip", parameters={"type": "object"}, endpoint_url=tool_server.url
+    )
+    tool_server.results["lookup_trip"] = {"trip": "T1", "receipt": "sent"}
+    gateway.fake.script("strong", say("placeholder"))
+    gateway.ask("Send the receipt to jane.doe@example.com please")
+    token = next(word for word in gateway.fake.received[0].messages[-1]["content"].split() if word.startswith("«"))
+    gateway.fake.script(
+        "strong", call("lookup_trip", {"trip_id": "T1", "email": token}, "c1"), say(f"Sent to {token}.")
+    )
+
+    response = gateway.ask("Send the receipt to jane.doe@example.com please")
+
+    assert tool_server.calls[-1]["arguments"] == {"trip_id": "T1", "email": "jane.doe@example.com"}
+    assert response.json()["choices"][0]["message"]["content"] == "Sent to jane.doe@example.com."
+
+
+@pytest.mark.django_db
+def test_earlier_turns_sent_again_are_redacted_again_but_not_recorded_again(gateway):
+    policy_with(gateway, pii__input="redact")
+    gateway.fake.script("fast", say("Noted."), say("Sure."))
+    first = [{"role": "user", "content": "My email is jane.doe@example.com"}]
+    base = {"model": f"agent/{gateway.agent.slug}", "variables": {"company": "Acme"}}
+    gateway.post({**base, "messages": first})
+
+    gateway.post(
+        {
+            **base,
+            "messages": [*first, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Thanks"}],
+        }
+    )
+
+    second_call = gateway.fake.received[1].messages
+    assert all("jane.doe@example.com" not in str(message.get("content")) for message in second_call)
+    assert GuardrailViolation.objects.filter(agent=gateway.agent, check_name="pii").count() == 1
