@@ -105,9 +105,9 @@ class Guard:
     def content_check(self, check: ContentCheck) -> ContentVerdict:
         return ContentVerdict(action="allow", content=check.content)
 
-    def canary(self, *, agent: Agent, prompt_name: str, prompt_version: int) -> str | None:
-        """A token to put in the system prompt of this prompt version, whose appearance in an output
-        shows the system prompt leaked; None for none."""
+    def system_addendum(self, *, agent: Agent, prompt_name: str, prompt_version: int) -> str | None:
+        """Text to end the system prompt of this prompt version with (a canary token whose appearance in
+        an output shows the prompt leaked, what marked untrusted data means); None for nothing."""
         return None
 
     def output_checked(self, *, agent: Agent) -> bool:

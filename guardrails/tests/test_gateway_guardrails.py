@@ -365,3 +365,27 @@ def test_earlier_turns_sent_again_are_redacted_again_but_not_recorded_again(gate
     second_call = gateway.fake.received[1].messages
     assert all("jane.doe@example.com" not in str(message.get("content")) for message in second_call)
     assert GuardrailViolation.objects.filter(agent=gateway.agent, check_name="pii").count() == 1
+
+
+@pytest.mark.django_db
+def test_another_agents_message_gets_the_indirect_injection_check(gateway):
+    body = {
+        "model": f"agent/{gateway.agent.slug}",
+        "variables": {"company": "Acme"},
+        "messages": [{"role": "user", "name": "agent:dispatch", "content": HIDDEN}],
+    }
+
+    response = gateway.post(body)
+
+    assert response.status_code == 400  # the ride-support agent's policy blocks injections on input
+    found = {(v.check_name, v.layer, v.source) for v in GuardrailViolation.objects.filter(agent=gateway.agent)}
+    assert ("indirect_injection", "input", "agent") in found
+    (span,) = guardrail_spans(gateway, GuardrailViolation.objects.first().trace_id)
+    assert span.name == "guardrail input: message from agent:dispatch block"
+
+
+@pytest.mark.django_db
+def test_a_users_own_message_does_not_get_the_indirect_injection_check(gateway):
+    gateway.ask(HIDDEN)
+
+    assert not GuardrailViolation.objects.filter(check_name="indirect_injection").exists()
