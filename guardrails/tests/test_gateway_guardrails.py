@@ -380,7 +380,9 @@ def test_another_agents_message_gets_the_indirect_injection_check(gateway):
     assert response.status_code == 400  # the ride-support agent's policy blocks injections on input
     found = {(v.check_name, v.layer, v.source) for v in GuardrailViolation.objects.filter(agent=gateway.agent)}
     assert ("indirect_injection", "input", "agent") in found
-    (span,) = guardrail_spans(gateway, GuardrailViolation.objects.filter(source="agent").get().trace_id)
+    (span,) = guardrail_spans(
+        gateway, GuardrailViolation.objects.filter(check_name="indirect_injection").get().trace_id
+    )
     assert span.name == "guardrail input: message from agent:dispatch block"
 
 
