@@ -10,6 +10,7 @@ from django.http import HttpRequest
 from agent_registry import selectors
 from agent_registry.models import Membership, User
 from frontend.access import membership_can_edit, membership_can_manage_keys
+from guardrails import selectors as guardrail_selectors
 from routing import reports
 from tracing import alerts
 
@@ -65,9 +66,10 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
         can_manage_keys=membership_can_manage_keys(current),
         # The sidebar's badges, counted only when a page draws the sidebar (htmx fragments do not; a template
         # calls a callable, and the cache keeps it to one query however often the page reads it): alerts
-        # nobody acknowledged yet, and hand-offs nobody has taken yet.
+        # nobody acknowledged yet, hand-offs nobody has taken yet, and tool calls waiting for approval.
         nav_open_alerts=_count_once(alerts.alert_unacknowledged_count, current),
         nav_open_handoffs=_count_once(reports.handoff_open_count, current),
+        nav_pending_approvals=_count_once(guardrail_selectors.approval_pending_count, current),
     )
     return context
 

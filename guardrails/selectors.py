@@ -15,7 +15,7 @@ from django.utils import timezone
 from agent_registry.models import Workspace
 from guardrails import exceptions
 from guardrails.budgets import period_start
-from guardrails.models import ApprovalRequest, Budget, BudgetAlert, BudgetUsage, GuardrailViolation
+from guardrails.models import ApprovalRequest, ApprovalStatus, Budget, BudgetAlert, BudgetUsage, GuardrailViolation
 
 AgentIds = Collection[int] | None
 
@@ -62,6 +62,13 @@ def violation_daily_counts(
         .order_by("day", "check_name")
     )
     return [{"day": row["day"].date(), "check": row["check_name"], "count": row["count"]} for row in rows]
+
+
+def approval_pending_count(*, workspace: Workspace) -> int:
+    """Requests waiting for a person (and not yet past their time)."""
+    return ApprovalRequest.objects.filter(
+        workspace=workspace, status=ApprovalStatus.PENDING, expires_at__gt=timezone.now()
+    ).count()
 
 
 def approval_list(

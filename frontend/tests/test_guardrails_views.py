@@ -272,3 +272,13 @@ def test_a_budget_is_created_refused_when_it_exists_and_deleted(tenant, member_c
     assert unchanged == before
     assert deleted.status_code == 302
     assert not Budget.objects.filter(pk=budget.pk).exists()
+
+
+def test_the_nav_counts_tool_calls_waiting_for_approval(tenant, member_client):
+    waiting = member_client.get(page_urls(tenant)["guardrail_budget_list"]).content.decode()
+    url = f"{page_urls(tenant)['guardrail_approval_detail']}decide/"
+    member_client.post(url, {"decision": "approve", "note": "ok"})
+    after = member_client.get(page_urls(tenant)["guardrail_budget_list"]).content.decode()
+
+    assert '1<span class="visually-hidden"> waiting</span>' in waiting
+    assert "waiting for approval" not in after
