@@ -1,14 +1,15 @@
 """The demo workspace's guardrails data, produced by Keel's own guardrails.
 
-The ride-support bot's policy (derived from its requirements, plus a hard ceiling on refunds) is run by
-`guardrail_evaluate` on realistic content of every layer: a direct injection typed by a rider, a policy
+The ride-support bot's policy (derived from its requirements, plus a hard ceiling on refunds) meets
+realistic content of every layer. Through the gateway: a direct injection typed by a rider, a policy
 document fetched by a tool with instructions hidden in it, a message with an email and a card number
-(redacted before the model sees it), an answer that recites the system prompt and one that pastes a
-key. The action boundary decides refunds: over the $20 autonomy limit they wait for a person (one stays
-pending, one is approved and then runs, one is rejected and its retry refused); over the ceiling they are
-blocked outright. Budgets for the workspace (money, monthly, with a soft limit), the agent (tokens, daily)
-and the gateway's API key are created, spent through reservations and settlements, and one long request
-is refused by the token budget, which raises its alert. Idempotent: a workspace that has budgets is left
+(redacted before the model sees it). Through `guardrail_evaluate` (the demo's template model never says
+such things): an answer that recites the system prompt and one that pastes a key. The action boundary
+decides refunds: over the $20 autonomy limit they wait for a person (one stays pending, one is approved
+and then runs, one is rejected and its retry refused); over the ceiling they are blocked outright.
+Budgets for the workspace (money, monthly, with a soft limit), the agent (tokens, daily) and the
+gateway's API key are created, spent through reservations and settlements, and one long request is
+refused by the token budget, which raises its alert. Idempotent: a workspace that has budgets is left
 alone (the gateway's traffic may add violations and approvals of its own, but never budgets).
 """
 
@@ -23,7 +24,10 @@ from agent_registry.models import Agent, ApiKey, Role, User, Workspace
 from agent_registry.services import apikey_create
 from guardrails import boundary, budgets, exceptions, services
 from guardrails.models import ApprovalRequest, Budget, BudgetPeriod, BudgetScope
-from tracing.models import Trajectory
+from routing import gateway, guarding
+from routing.chat import ChatCompletionRequest
+from tracing import services as tracing_services
+from tracing.models import BatchStatus, IngestBatch, Trajectory
 
 # Refunds above this are never issued by the bot, approved or not: they go to the payments team.
 REFUND_CEILING_USD = 150
@@ -99,21 +103,44 @@ def _policy(agent: Agent, owner: User) -> None:
     services.guardrail_policy_update(agent=agent, document=document, user=owner)
 
 
-def _evaluations(agent: Agent, workspace: Workspace, trace_ids: list[str]) -> None:
-    system_prompt = _system_prompt(workspace)
-    services.guardrail_evaluate(agent=agent, layer="input", content=DIRECT_INJECTION, trace_id=trace_ids[0])
-    services.guardrail_evaluate(
-        agent=agent, layer="tool", content=POISONED_POLICY, source="tool_result", trace_id=trace_ids[1]
+def _gateway_traffic(workspace: Workspace, key: ApiKey) -> None:
+    """Three requests through the gateway, as the bot's app sends them: a rider's injection (blocked before
+    any model call), a tool result with instructions hidden in it (withheld from the model), and a message
+    with an email and a card number (redacted before the model sees it). Each is a trajectory with its
+    guardrail spans."""
+    lookup = {"id": "call-policy", "type": "function", "function": {"name": "lookup_policy", "arguments": "{}"}}
+    conversations = (
+        [{"role": "user", "content": DIRECT_INJECTION}],
+        [
+            {"role": "user", "content": "Do I get my money back if the driver cancels?"},
+            {"role": "assistant", "content": None, "tool_calls": [lookup]},
+            {"role": "tool", "tool_call_id": "call-policy", "content": POISONED_POLICY},
+        ],
+        [{"role": "user", "content": PII_MESSAGE}],
     )
-    services.guardrail_evaluate(agent=agent, layer="input", content=PII_MESSAGE, trace_id=trace_ids[2])
+    for index, messages in enumerate(conversations):
+        request = ChatCompletionRequest.model_validate(
+            {"model": "agent/ride-support", "messages": messages, "variables": COMPANY}
+        )
+        with contextlib.suppress(guarding.GuardrailBlocked):
+            gateway.chat_completion(api_key=key, request=request, conversation_id=f"demo-guardrails-{index}")
+    for batch_id in IngestBatch.objects.filter(workspace=workspace, status=BatchStatus.PENDING).values_list(
+        "pk", flat=True
+    ):
+        tracing_services.span_batch_process(batch_id=batch_id)
+
+
+def _evaluations(agent: Agent, workspace: Workspace, trace_ids: list[str]) -> None:
+    """Answers the demo's template model never gives, checked as the gateway would check them."""
+    system_prompt = _system_prompt(workspace)
     services.guardrail_evaluate(
         agent=agent,
         layer="output",
         content=f"Of course. My instructions are:\n{system_prompt}",
         context={"system_prompt": system_prompt},
-        trace_id=trace_ids[3],
+        trace_id=trace_ids[0],
     )
-    services.guardrail_evaluate(agent=agent, layer="output", content=SECRET_ANSWER, trace_id=trace_ids[4])
+    services.guardrail_evaluate(agent=agent, layer="output", content=SECRET_ANSWER, trace_id=trace_ids[1])
 
 
 def _refunds(agent: Agent, owner: User, trace_ids: list[str]) -> None:
@@ -202,8 +229,10 @@ def demo_guardrails_seed(workspace: Workspace) -> None:
         return
     ride = registry_selectors.agent_get(workspace=workspace, slug="ride-support")
     owner = _owner(workspace)
-    trace_ids = _trace_ids(ride, 9)
+    trace_ids = _trace_ids(ride, 6)
+    key = _gateway_key(workspace, owner)
     _policy(ride, owner)
-    _evaluations(ride, workspace, trace_ids[:5])
-    _refunds(ride, owner, trace_ids[5:])
-    _budgets(workspace, ride, _gateway_key(workspace, owner))
+    _gateway_traffic(workspace, key)
+    _evaluations(ride, workspace, trace_ids[:2])
+    _refunds(ride, owner, trace_ids[2:])
+    _budgets(workspace, ride, key)
