@@ -16,6 +16,7 @@ from ninja.errors import ValidationError as NinjaValidationError
 from agent_registry.api import langfuse_router
 from agent_registry.api import router as registry_router
 from config.errors import KeelError
+from evals.api import router as evals_router
 from guardrails.api import router as guardrails_router
 from routing.api import router as routing_router
 from tracing.alerts_api import router as alerts_router
@@ -116,6 +117,7 @@ api.add_router("/", triage_router)
 api.add_router("/", alerts_router)
 api.add_router("/", routing_router)
 api.add_router("/", guardrails_router)
+api.add_router("/", evals_router)
 _install_error_handlers(api)
 
 langfuse_api = NinjaAPI(
