@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agent_registry import demo as registry_demo
+from guardrails.models import GuardrailViolation
 from routing import demo
 from routing.models import CacheHit, Handoff, RoutingDecision, ShadowRun
 from tracing.models import Trajectory
@@ -19,7 +20,8 @@ def seeded():
 
 
 def test_the_demo_traffic_shows_every_tier_method_and_outcome(seeded):
-    decisions = RoutingDecision.objects.filter(workspace=seeded)
+    # The guardrails demo sends requests of its own through the gateway; these are the routing demo's.
+    decisions = RoutingDecision.objects.filter(workspace=seeded).exclude(conversation_id__startswith="demo-guardrails")
 
     assert decisions.count() == len(demo.RIDE_WAVE) + len(demo.SHOPPING_WAVE) + len(demo.RIDE_SECOND_WAVE)
     ride = decisions.filter(agent__slug="ride-support")
@@ -42,7 +44,14 @@ def test_every_request_is_a_trajectory_of_its_agent(seeded):
     trace_ids = set(RoutingDecision.objects.filter(workspace=seeded).values_list("trace_id", flat=True))
     gateway = Trajectory.objects.filter(workspace=seeded, tags__contains=["gateway"]).exclude(tags__contains=["shadow"])
 
-    assert set(gateway.values_list("trace_id", flat=True)) == trace_ids
+    # Requests the input guardrails block are recorded before (and without) a routing decision.
+    blocked = set(
+        GuardrailViolation.objects.filter(workspace=seeded, layer="input", action="block").values_list(
+            "trace_id", flat=True
+        )
+    )
+    assert set(gateway.values_list("trace_id", flat=True)) - blocked == trace_ids
+    assert blocked & set(gateway.values_list("trace_id", flat=True))
     assert all(t.agent is not None for t in gateway.select_related("agent"))
 
 
