@@ -539,4 +539,7 @@ def demo_seed() -> Workspace:
     from guardrails import demo as guardrails_demo  # guardrails build on the gateway; import it here too
 
     guardrails_demo.demo_guardrails_seed(workspace)
+    from evals import demo as evals_demo  # datasets are built from the trajectories above
+
+    evals_demo.demo_evals_seed(workspace)
     return workspace
