@@ -1233,20 +1233,20 @@ def demo_triage_seed(workspace: Workspace) -> None:
 
     for slug, name, signal, threshold, window, minimum, severity, cooldown in DEMO_RULES:
         agent = registry_selectors.agent_get(workspace=workspace, slug=slug)
-        rule = alerts.alert_rule_list(workspace=workspace, agent=agent).filter(name=name).first()
-        if rule is None:
-            rule = alerts.alert_rule_create(
-                agent=agent,
-                fields=alerts.RuleFields(
-                    name=name,
-                    signal=signal,
-                    threshold=threshold,
-                    window_minutes=window,
-                    min_trajectories=minimum,
-                    severity=severity,
-                    cooldown_minutes=cooldown,
-                ),
-                created_by=owner,
-            )
-        if rule.last_fired_at is None:
-            alerts.alert_rule_evaluate(rule=rule, now=now)
+        if alerts.alert_rule_list(workspace=workspace, agent=agent).filter(name=name).exists():
+            # Evaluated once, when made: a later seed must not fire on traffic the demo added since.
+            continue
+        rule = alerts.alert_rule_create(
+            agent=agent,
+            fields=alerts.RuleFields(
+                name=name,
+                signal=signal,
+                threshold=threshold,
+                window_minutes=window,
+                min_trajectories=minimum,
+                severity=severity,
+                cooldown_minutes=cooldown,
+            ),
+            created_by=owner,
+        )
+        alerts.alert_rule_evaluate(rule=rule, now=now)
