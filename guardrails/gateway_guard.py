@@ -66,16 +66,19 @@ class GatewayGuard(hooks.Guard):
         self, payer: hooks.Payer, *, target: Any, messages: Sequence[Mapping[str, Any]], max_tokens: int | None
     ) -> budgets.Reservation:
         assert isinstance(target, ModelTarget)
-        input_tokens = budgets.prompt_tokens_estimate(messages)
-        output_tokens = max_tokens or budgets.DEFAULT_MAX_OUTPUT_TOKENS
-        cost = providers.cost_of(target, None, input_tokens, output_tokens)
+        cost, tokens = budgets.request_cost_estimate(
+            model=target.model,
+            messages=messages,
+            max_tokens=max_tokens,
+            prices=providers.workspace_prices(target.workspace_id),
+        )
         return budgets.budget_reserve(
             workspace_id=payer.workspace_id,
             agent_id=payer.agent_id,
             api_key_id=payer.api_key_id,
             end_user=payer.end_user,
-            estimated_usd=cost if cost is not None else Decimal(0),
-            estimated_tokens=input_tokens + output_tokens,
+            estimated_usd=cost,
+            estimated_tokens=tokens,
         )
 
     def spend_settle(self, hold: Any, *, cost_usd: Any, tokens: int | None) -> None:

@@ -260,8 +260,9 @@ def _input_guarded(plan: _Plan, agent: Agent, messages: list[dict[str, Any]]) ->
     return guarded
 
 
-def _output_guarded(plan: _Plan, result: tiers.TierResult) -> None:
-    """The output layer on the answer's text, before it leaves (and before it is cached)."""
+def _output_guarded(plan: _Plan, result: tiers.TierResult, *, sent: bool = False) -> None:
+    """The output layer on the answer's text, before it leaves (and before it is cached). For an answer
+    already `sent` (a live stream) the checks only record: the message stays as it went out."""
     agent, content = plan.agent, result.message.get("content")
     if agent is None or not isinstance(content, str) or not content:
         return
@@ -277,11 +278,11 @@ def _output_guarded(plan: _Plan, result: tiers.TierResult) -> None:
         prompt_version=plan.prompt_version.version if plan.prompt_version else None,
     )
     plan.violations += [{"layer": "output", **item} for item in verdict.violations]
-    message, finish_reason = guarding.answer_guarded(result.message, verdict)
-    if finish_reason is not None:
-        result.finish_reason = finish_reason
+    if verdict.stops:
         result.status, result.error_type, result.error_message = "error", "output_blocked", guarding.reason_of(verdict)
-    result.message = message
+    if not sent:
+        result.message, finish_reason = guarding.answer_guarded(result.message, verdict)
+        result.finish_reason = finish_reason or result.finish_reason
 
 
 def _plan_agent(plan: _Plan, agent: Agent) -> None:
@@ -757,9 +758,7 @@ def _stream_live(
         plan.recorder.generation(completion, messages=plan.messages, tools=plan.request.tools_json())
         result = tiers.single_result(completion)
         # The answer has gone out: the output checks can only record what they find (the policy chose this).
-        sent_message = result.message
-        _output_guarded(plan, result)
-        result.message = sent_message
+        _output_guarded(plan, result, sent=True)
         if state.error:
             result.status, result.error_type, result.error_message = "error", "stream_interrupted", state.error
         _settle(plan, result)

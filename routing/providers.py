@@ -203,7 +203,7 @@ PRICE_CACHE_SECONDS = 30.0
 _prices: dict[int, tuple[float, dict[str, pricing.ModelPrice]]] = {}
 
 
-def _workspace_prices(workspace_id: int) -> dict[str, pricing.ModelPrice]:
+def workspace_prices(workspace_id: int) -> dict[str, pricing.ModelPrice]:
     cached = _prices.get(workspace_id)
     if cached is not None and time.monotonic() - cached[0] < PRICE_CACHE_SECONDS:
         return cached[1]
@@ -216,7 +216,7 @@ def cost_of(
     target: ModelTarget, model: str | None, input_tokens: int | None, output_tokens: int | None
 ) -> Decimal | None:
     """USD for one call to the target: the workspace's price for the model if it set one, else litellm's."""
-    prices = _workspace_prices(target.workspace_id)
+    prices = workspace_prices(target.workspace_id)
     for name in (target.model, model):
         if name:
             cost = pricing.generation_cost(name, input_tokens, output_tokens, None, prices)
