@@ -94,12 +94,50 @@ class EvalItem:
 
 
 @dataclass(frozen=True, slots=True)
+class ActionRecord:
+    """One tool call of a trajectory and what became of it.
+
+    `status` is "executed", "errored", "blocked" (a guardrail stopped it), "pending_approval",
+    "rejected" (a person said no) or "client" (returned to the caller to run). `approved` is True when a
+    person approved it before it ran, False when one rejected it, None when no approval was asked.
+    """
+
+    name: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    status: str = "executed"
+    approved: bool | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryFacts:
+    """What a trajectory did, as trajectory metrics read it: built from a stored trajectory, or from a
+    gateway answer during a run. Counts are of the whole trajectory; `signals` are triage signal names."""
+
+    trace_id: str = ""
+    status: str = "ok"  # "ok" | "error"
+    steps: int = 0  # model calls and tool calls
+    model_calls: int = 0
+    cost_usd: float | None = None
+    latency_ms: float | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    tier: str | None = None
+    escalated: bool = False  # handed to a person (the human tier, or a hand-off)
+    actions: tuple[ActionRecord, ...] = ()
+    guardrail_actions: tuple[str, ...] = ()  # each guardrail decision's action: "block", "redact", ...
+    signals: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class EvalOutput:
-    """What the agent produced: its final text and the tool calls of its trajectory, in order."""
+    """What the agent produced: its final text and the tool calls of its trajectory, in order; with the
+    trajectory's facts when it has one (trajectory metrics need them)."""
 
     text: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     final_state: Mapping[str, Any] | None = None
+    trajectory: TrajectoryFacts | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -854,6 +892,7 @@ def _custom_from_config(settings: Mapping[str, Any], verifiers: VerifierRegistry
 
 __all__ = [
     "BUILT_INS",
+    "ActionRecord",
     "CustomVerifier",
     "EmbeddingSimilarity",
     "EvalItem",
@@ -870,6 +909,7 @@ __all__ = [
     "RegexMatch",
     "Score",
     "ToolCall",
+    "TrajectoryFacts",
     "VerifierAlreadyRegistered",
     "VerifierNotFound",
     "VerifierRegistry",
