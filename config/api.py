@@ -17,6 +17,7 @@ from agent_registry.api import langfuse_router
 from agent_registry.api import router as registry_router
 from config.errors import KeelError
 from evals.api import router as evals_router
+from evals.suites_api import router as eval_suites_router
 from guardrails.api import router as guardrails_router
 from routing.api import router as routing_router
 from tracing.alerts_api import router as alerts_router
@@ -118,6 +119,7 @@ api.add_router("/", alerts_router)
 api.add_router("/", routing_router)
 api.add_router("/", guardrails_router)
 api.add_router("/", evals_router)
+api.add_router("/", eval_suites_router)
 _install_error_handlers(api)
 
 langfuse_api = NinjaAPI(

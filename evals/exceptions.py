@@ -1,4 +1,4 @@
-"""Errors of the evals: datasets and their versions. Mapped to HTTP once, in config/api.py."""
+"""Errors of the evals: datasets, evaluators, suites, runs and online rules. Mapped to HTTP once, in config/api.py."""
 
 from __future__ import annotations
 
@@ -35,3 +35,45 @@ class TrajectoryNotUsable(ValidationFailed):
     """A trajectory holds nothing an item could be made of (no input messages and no input text)."""
 
     code = "trajectory_not_usable"
+
+
+class EvalsConflict(Conflict):
+    code = "evals_conflict"
+
+
+class EvaluatorNotFound(NotFound):
+    code = "evaluator_not_found"
+
+
+class EvaluatorInvalid(ValidationFailed):
+    code = "evaluator_invalid"
+
+
+class SuiteNotFound(NotFound):
+    code = "suite_not_found"
+
+
+class SuiteExists(Conflict):
+    code = "suite_exists"
+
+
+class SuiteInvalid(ValidationFailed):
+    code = "suite_invalid"
+
+
+class RunNotFound(NotFound):
+    code = "run_not_found"
+
+
+class OnlineRuleNotFound(NotFound):
+    code = "online_rule_not_found"
+
+
+class OnlineRuleInvalid(ValidationFailed):
+    code = "online_rule_invalid"
+
+
+class RolloutsInvalid(ValidationFailed):
+    """A rollouts file that cannot be imported; `errors` lists each problem: [{"line", "field", "message"}]."""
+
+    code = "rollouts_invalid"

@@ -4,14 +4,28 @@ agents' datasets): datasets, their versions and items, and a version written out
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Any, TypeVar
 
-from django.db.models import QuerySet
+from django.db.models import Model, OuterRef, Prefetch, QuerySet, Subquery
 
 from agent_registry.models import Workspace
 from evals import dataset_items, exceptions
-from evals.models import Dataset, DatasetItem, DatasetVersion
+from evals.models import (
+    Dataset,
+    DatasetItem,
+    DatasetVersion,
+    Evaluator,
+    OnlineRule,
+    RegressionAlert,
+    Run,
+    RunItem,
+    RunSample,
+    RunStatus,
+    Suite,
+)
 
 AgentIds = Collection[int] | None
+M = TypeVar("M", bound=Model)
 FORMATS = ("jsonl", "csv")
 
 
@@ -75,3 +89,169 @@ def dataset_version_export(*, version: DatasetVersion, file_format: str) -> str:
     raise exceptions.DatasetInvalid(
         f"format must be one of {', '.join(FORMATS)}", errors=[{"field": "format", "message": "must be jsonl or csv"}]
     )
+
+
+# --- Evaluators, suites, runs, online rules -------------------------------------------------------------
+
+
+def _scoped(queryset: QuerySet[M], agent_ids: AgentIds, *, field: str = "agent_id") -> QuerySet[M]:
+    """A key limited to some agents sees their rows only, not the workspace-wide ones."""
+    if agent_ids is None:
+        return queryset
+    return queryset.filter(**{f"{field}__in": agent_ids})
+
+
+def evaluator_list(*, workspace: Workspace, agent_ids: AgentIds = None) -> list[Evaluator]:
+    """The latest version of each evaluator, by name."""
+    latest = Evaluator.objects.filter(workspace=workspace, name=OuterRef("name")).order_by("-version").values("pk")[:1]
+    rows = _scoped(Evaluator.objects.filter(workspace=workspace), agent_ids).filter(pk=Subquery(latest))
+    return list(rows.select_related("agent").order_by("name"))
+
+
+def evaluator_versions(*, workspace: Workspace, name: str, agent_ids: AgentIds = None) -> list[Evaluator]:
+    versions = list(
+        _scoped(Evaluator.objects.filter(workspace=workspace, name=name), agent_ids)
+        .select_related("agent")
+        .order_by("-version")
+    )
+    if not versions:
+        raise exceptions.EvaluatorNotFound(f"no evaluator named {name!r}")
+    return versions
+
+
+def evaluators_named(*, workspace: Workspace, names: Collection[str], agent_ids: AgentIds = None) -> list[Evaluator]:
+    """The latest version of each named evaluator, in the order named; raises for an unknown name."""
+    latest = {evaluator.name: evaluator for evaluator in evaluator_list(workspace=workspace, agent_ids=agent_ids)}
+    missing = [name for name in names if name not in latest]
+    if missing:
+        raise exceptions.EvaluatorNotFound(
+            f"no evaluator named {missing[0]!r}",
+            errors=[{"field": "evaluators", "message": f"unknown: {', '.join(missing)}"}],
+        )
+    return [latest[name] for name in names]
+
+
+def suite_list(*, workspace: Workspace, agent_ids: AgentIds = None) -> QuerySet[Suite]:
+    return (
+        _scoped(Suite.objects.filter(workspace=workspace), agent_ids)
+        .select_related("agent", "dataset", "dataset_version", "prompt_version", "model_target")
+        .prefetch_related("suite_evaluators__evaluator")
+        .order_by("name")
+    )
+
+
+def suite_get(*, workspace: Workspace, name: str, agent_ids: AgentIds = None) -> Suite:
+    suite = suite_list(workspace=workspace, agent_ids=agent_ids).filter(name=name).first()
+    if suite is None:
+        raise exceptions.SuiteNotFound(f"no suite named {name!r}")
+    return suite
+
+
+def suite_evaluators(*, suite: Suite) -> list[Evaluator]:
+    return [link.evaluator for link in suite.suite_evaluators.select_related("evaluator").order_by("position", "id")]
+
+
+def run_list(
+    *,
+    workspace: Workspace,
+    agent_ids: AgentIds = None,
+    suite: Suite | None = None,
+    status: str | None = None,
+    limit: int = 50,
+) -> list[Run]:
+    runs = _scoped(Run.objects.filter(workspace=workspace), agent_ids)
+    if suite is not None:
+        runs = runs.filter(suite=suite)
+    if status:
+        runs = runs.filter(status=status)
+    return list(
+        runs.select_related("suite", "agent", "prompt_version__prompt", "dataset_version__dataset").order_by(
+            "-created_at", "-pk"
+        )[:limit]
+    )
+
+
+def run_get(*, workspace: Workspace, run_id: int, agent_ids: AgentIds = None) -> Run:
+    run = (
+        _scoped(Run.objects.filter(workspace=workspace, pk=run_id), agent_ids)
+        .select_related("suite", "agent", "prompt_version__prompt", "dataset_version__dataset", "baseline")
+        .first()
+    )
+    if run is None:
+        raise exceptions.RunNotFound(f"no run {run_id}")
+    return run
+
+
+def run_items(*, run: Run, offset: int = 0, limit: int = 100, status: str | None = None) -> list[RunItem]:
+    """A page of the run's items with their samples and scores (three queries)."""
+    items = RunItem.objects.filter(run=run)
+    if status:
+        items = items.filter(status=status)
+    return list(
+        items.order_by("position").prefetch_related(
+            Prefetch("samples", queryset=RunSample.objects.order_by("sample").prefetch_related("scores"))
+        )[offset : offset + limit]
+    )
+
+
+def run_item_get(*, run: Run, position: int) -> RunItem:
+    item = (
+        RunItem.objects.filter(run=run, position=position)
+        .prefetch_related(Prefetch("samples", queryset=RunSample.objects.order_by("sample").prefetch_related("scores")))
+        .first()
+    )
+    if item is None:
+        raise exceptions.RunNotFound(f"run {run.pk} has no item {position}")
+    return item
+
+
+def online_rule_list(*, workspace: Workspace, agent_ids: AgentIds = None) -> QuerySet[OnlineRule]:
+    return (
+        _scoped(OnlineRule.objects.filter(workspace=workspace), agent_ids)
+        .select_related("agent")
+        .prefetch_related("evaluators")
+        .order_by("name")
+    )
+
+
+def online_rule_get(*, workspace: Workspace, name: str, agent_ids: AgentIds = None) -> OnlineRule:
+    rule = online_rule_list(workspace=workspace, agent_ids=agent_ids).filter(name=name).first()
+    if rule is None:
+        raise exceptions.OnlineRuleNotFound(f"no online rule named {name!r}")
+    return rule
+
+
+def regression_list(*, workspace: Workspace, agent_ids: AgentIds = None, limit: int = 50) -> list[RegressionAlert]:
+    return list(
+        _scoped(RegressionAlert.objects.filter(workspace=workspace), agent_ids)
+        .select_related("suite", "agent", "baseline_run", "candidate_run")
+        .order_by("-created_at")[:limit]
+    )
+
+
+def metric_history(*, suite: Suite, evaluator: str, limit: int = 60) -> list[dict[str, Any]]:
+    """The suite's completed runs, oldest first, with the evaluator's mean, interval, pass@1 and worst
+    group: the points of its chart over time, each labelled with its prompt version."""
+    points = []
+    runs = (
+        Run.objects.filter(suite=suite, status=RunStatus.COMPLETED)
+        .select_related("prompt_version")
+        .order_by("-finished_at")[:limit]
+    )
+    for run in reversed(list(runs)):
+        report = (run.report or {}).get(evaluator)
+        if not report:
+            continue
+        overall = report.get("overall") or {}
+        points.append(
+            {
+                "run": run.pk,
+                "finished_at": run.finished_at,
+                "prompt_version": run.prompt_version.version if run.prompt_version else None,
+                "mean": overall.get("mean"),
+                "ci": overall.get("ci"),
+                "pass_at_k": overall.get("pass_at_k"),
+                "worst_group": report.get("worst_group"),
+            }
+        )
+    return points

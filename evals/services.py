@@ -1,4 +1,4 @@
-"""Writes of the evals: datasets and their versions.
+"""Writes of the evals: datasets and their versions, evaluators, suites, and proposals from the commitment.
 
 Every change to a dataset's items creates the next version with the whole item list (see
 evals/models.py); nothing updates or deletes a version's items. Items are validated whole before
@@ -8,14 +8,25 @@ anything is written, so bad input leaves the dataset as it was.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Max
 
 from agent_registry.models import Agent, ApiKey, User, Workspace
 from evals import dataset_items, exceptions, selectors
-from evals.models import Dataset, DatasetItem, DatasetVersion
+from evals.models import (
+    Dataset,
+    DatasetItem,
+    DatasetVersion,
+    Evaluator,
+    OnlineRule,
+    Suite,
+    SuiteEvaluator,
+    SuiteTarget,
+)
 from tracing import selectors as tracing_selectors
 from tracing.models import Trajectory
 
@@ -220,3 +231,344 @@ def dataset_add_trajectories(
         created_by=created_by,
         created_via_key=created_via_key,
     )
+
+
+# --- Evaluators -----------------------------------------------------------------------------------------
+
+
+def _config_problems(config: Any) -> list[dict[str, str]]:
+    from evals import evaluators
+
+    if not isinstance(config, dict):
+        return [{"field": "config", "message": "must be an object with a type"}]
+    if config.get("type") not in evaluators.TYPES:
+        return [{"field": "config.type", "message": f"must be one of {', '.join(evaluators.TYPES)}"}]
+    try:
+        evaluators.validate(config)
+    except evaluators.EvaluatorConfigError as error:
+        return [{"field": f"config.{error.field}", "message": error.message}]
+    return []
+
+
+@transaction.atomic
+def evaluator_create(
+    *,
+    workspace: Workspace,
+    name: str,
+    config: dict[str, Any],
+    description: str = "",
+    agent: Agent | None = None,
+    created_by: User | None = None,
+) -> Evaluator:
+    """The next version of the evaluator `name` (version 1 for a new name). Suites and online rules that
+    used its previous version move to this one; runs keep the version they ran with."""
+    problems = _config_problems(config)
+    evaluator = Evaluator(
+        workspace=workspace,
+        agent=agent,
+        name=name,
+        version=1,
+        type=str(config.get("type", "")) if isinstance(config, dict) else "",
+        config=config if isinstance(config, dict) else {},
+        description=description,
+        created_by=created_by,
+    )
+    try:
+        evaluator.full_clean(exclude=["workspace", "agent", "created_by", "type"], validate_constraints=False)
+    except DjangoValidationError as error:
+        problems += [{"field": key, "message": "; ".join(value)} for key, value in error.message_dict.items()]
+    if agent is not None and agent.workspace_id != workspace.pk:
+        problems.append({"field": "agent", "message": "the agent belongs to another workspace"})
+    if problems:
+        raise exceptions.EvaluatorInvalid(
+            f"invalid evaluator: {problems[0]['field']}: {problems[0]['message']}", errors=problems
+        )
+    previous = Evaluator.objects.select_for_update().filter(workspace=workspace, name=name).order_by("-version").first()
+    if previous is not None:
+        evaluator.version = previous.version + 1
+        evaluator.agent = agent or previous.agent
+        evaluator.description = description or previous.description
+    evaluator.save()
+    if previous is not None:
+        SuiteEvaluator.objects.filter(evaluator__workspace=workspace, evaluator__name=name).update(evaluator=evaluator)
+        for rule in OnlineRule.objects.filter(evaluators__workspace=workspace, evaluators__name=name).distinct():
+            rule.evaluators.remove(*rule.evaluators.filter(name=name))
+            rule.evaluators.add(evaluator)
+    return evaluator
+
+
+# --- Suites ---------------------------------------------------------------------------------------------
+
+SUITE_FIELDS = (
+    "description",
+    "dataset",
+    "dataset_version",
+    "target",
+    "prompt_label",
+    "prompt_version",
+    "tier",
+    "model_target",
+    "samples",
+    "concurrency",
+    "schedule_cron",
+    "schedule_enabled",
+)
+TIERS = ("single_call", "chain", "agentic", "human")
+
+
+def _suite_problems(suite: Suite) -> list[dict[str, str]]:
+    from evals import schedules
+
+    problems: list[dict[str, str]] = []
+    if suite.target not in SuiteTarget.values:
+        problems.append({"field": "target", "message": f"must be one of {', '.join(SuiteTarget.values)}"})
+    if not 1 <= suite.samples <= 64:
+        problems.append({"field": "samples", "message": "k is 1 to 64"})
+    if not 1 <= suite.concurrency <= 64:
+        problems.append({"field": "concurrency", "message": "1 to 64 items at a time"})
+    if suite.tier and suite.tier not in TIERS:
+        problems.append({"field": "tier", "message": f"must be one of {', '.join(TIERS)}, or empty"})
+    workspace_id = suite.workspace_id
+    for field_name, row in (
+        ("agent", suite.agent),
+        ("dataset", suite.dataset),
+        ("model_target", suite.model_target),
+    ):
+        if row is not None and row.workspace_id != workspace_id:
+            problems.append({"field": field_name, "message": "belongs to another workspace"})
+    if suite.dataset_version is not None and suite.dataset_version.dataset_id != suite.dataset_id:
+        problems.append({"field": "dataset_version", "message": "is a version of another dataset"})
+    if suite.prompt_version is not None and (
+        suite.agent is None or suite.prompt_version.prompt.agent_id != suite.agent_id
+    ):
+        problems.append({"field": "prompt_version", "message": "is not a prompt version of the suite's agent"})
+    if suite.target == SuiteTarget.AGENT and suite.agent is None:
+        problems.append({"field": "agent", "message": "an agent target needs an agent"})
+    if suite.target == SuiteTarget.MODEL_TARGET and suite.model_target is None:
+        problems.append({"field": "model_target", "message": "a model target suite needs the model target"})
+    if suite.schedule_cron and (error := schedules.cron_error(suite.schedule_cron)):
+        problems.append({"field": "schedule_cron", "message": error})
+    if suite.schedule_enabled and not suite.schedule_cron:
+        problems.append({"field": "schedule_cron", "message": "a schedule needs a cron expression"})
+    try:
+        suite.full_clean(
+            exclude=[
+                "workspace",
+                "agent",
+                "dataset",
+                "dataset_version",
+                "prompt_version",
+                "model_target",
+                "created_by",
+            ],
+            validate_constraints=False,
+        )
+    except DjangoValidationError as error:
+        problems += [{"field": key, "message": "; ".join(value)} for key, value in error.message_dict.items()]
+    return problems
+
+
+def _suite_evaluators_set(suite: Suite, chosen: Sequence[Evaluator]) -> None:
+    if any(evaluator.workspace_id != suite.workspace_id for evaluator in chosen):
+        raise exceptions.SuiteInvalid(
+            "an evaluator of another workspace", errors=[{"field": "evaluators", "message": "unknown evaluator"}]
+        )
+    names = [evaluator.name for evaluator in chosen]
+    if len(set(names)) != len(names):
+        raise exceptions.SuiteInvalid(
+            "each evaluator once", errors=[{"field": "evaluators", "message": "an evaluator is named twice"}]
+        )
+    SuiteEvaluator.objects.filter(suite=suite).delete()
+    SuiteEvaluator.objects.bulk_create(
+        [SuiteEvaluator(suite=suite, evaluator=evaluator, position=index) for index, evaluator in enumerate(chosen)]
+    )
+
+
+def _schedule_settle(suite: Suite, was_enabled: bool, old_cron: str) -> None:
+    from evals import schedules
+
+    if suite.schedule_enabled and (not was_enabled or old_cron != suite.schedule_cron):
+        schedules.schedule_start(suite=suite)
+
+
+@transaction.atomic
+def suite_create(
+    *,
+    workspace: Workspace,
+    name: str,
+    agent: Agent | None = None,
+    evaluators_used: Sequence[Evaluator] = (),
+    proposed: bool = False,
+    created_by: User | None = None,
+    **fields: Any,
+) -> Suite:
+    unknown = sorted(set(fields) - set(SUITE_FIELDS))
+    if unknown:
+        raise exceptions.SuiteInvalid(
+            f"unknown suite fields: {', '.join(unknown)}",
+            errors=[{"field": key, "message": "unknown"} for key in unknown],
+        )
+    suite = Suite(workspace=workspace, agent=agent, name=name, proposed=proposed, created_by=created_by, **fields)
+    problems = _suite_problems(suite)
+    if Suite.objects.filter(workspace=workspace, name=name).exists():
+        problems.append({"field": "name", "message": "a suite with this name exists"})
+    if problems:
+        raise exceptions.SuiteInvalid(
+            f"invalid suite: {problems[0]['field']}: {problems[0]['message']}", errors=problems
+        )
+    _schedule_settle(suite, False, "")
+    suite.save()
+    _suite_evaluators_set(suite, evaluators_used)
+    return suite
+
+
+@transaction.atomic
+def suite_update(*, suite: Suite, evaluators_used: Sequence[Evaluator] | None = None, **fields: Any) -> Suite:
+    unknown = sorted(set(fields) - set(SUITE_FIELDS))
+    if unknown:
+        raise exceptions.SuiteInvalid(
+            f"unknown suite fields: {', '.join(unknown)}",
+            errors=[{"field": key, "message": "unknown"} for key in unknown],
+        )
+    Suite.objects.select_for_update().filter(pk=suite.pk).get()
+    was_enabled, old_cron = suite.schedule_enabled, suite.schedule_cron
+    for key, value in fields.items():
+        setattr(suite, key, value)
+    problems = _suite_problems(suite)
+    if problems:
+        suite.refresh_from_db()
+        raise exceptions.SuiteInvalid(
+            f"invalid suite: {problems[0]['field']}: {problems[0]['message']}", errors=problems
+        )
+    _schedule_settle(suite, was_enabled, old_cron)
+    suite.proposed = False  # edited by the team: no longer only Keel's proposal
+    suite.save()
+    if evaluators_used is not None:
+        _suite_evaluators_set(suite, evaluators_used)
+    return suite
+
+
+def suite_delete(*, suite: Suite) -> None:
+    suite.delete()
+
+
+# --- Proposals from the evaluation commitment -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Proposal:
+    suites: list[Suite]
+    rules: list[OnlineRule]
+
+
+def _judge_alias(agent: Agent) -> str | None:
+    from routing.models import ModelTarget, RouterConfig
+
+    config = RouterConfig.objects.select_related("judge_target").filter(agent=agent).first()
+    if config is not None and config.judge_target is not None:
+        return config.judge_target.alias
+    target = ModelTarget.objects.filter(workspace_id=agent.workspace_id, enabled=True).order_by("alias").first()
+    return target.alias if target else None
+
+
+def _metric_config(metric: Any, *, trajectory: bool, derived: Any, judge: str | None) -> dict[str, Any]:
+    """A first evaluator for a committed metric: a trajectory check where one measures it, else a judge
+    with the metric's description as its rubric. The team edits it; the name stays the metric's."""
+    name = metric.name
+    if trajectory and "compliance" in name and derived is not None:
+        gated = [rule["action"] for rule in derived.approval_rules.value if rule.get("approval") == "always"]
+        constraints = [
+            {"tool": rule["action"], "argument": "amount", "max": float(rule["amount_usd"])}
+            for rule in derived.approval_rules.value
+            if rule.get("approval") == "above_amount"
+        ]
+        return {
+            "type": "policy_compliance",
+            "gated_actions": gated,
+            "constraints": constraints,
+            "allowed_tools": list(derived.tool_allow_list.value),
+        }
+    comparator = "at most" if metric.comparator.value == "<=" else "at least"
+    rubric = (
+        f"{metric.description or name.replace('_', ' ')}. Score how well the answer achieves this; the team "
+        f"committed to {comparator} {metric.target}."
+    )
+    config: dict[str, Any] = {"type": "llm_judge", "rubric": rubric, "scale": "0-10"}
+    if judge:
+        config["model"] = judge
+    return config
+
+
+@transaction.atomic
+def suites_propose(*, agent: Agent, created_by: User | None = None) -> Proposal:
+    """Suites and online rules from the agent's evaluation commitment, as its derived configuration
+    names them: output metrics → a nightly suite on the agent's dataset; trajectory metrics → an online
+    rule at the governance sampling rate. Each metric gets an evaluator named after it (made once).
+    Idempotent: what exists is left as the team edited it."""
+    from agent_registry import requirements as requirements_module
+    from agent_registry import selectors as registry_selectors
+    from evals import online, schedules
+
+    answers = registry_selectors.requirements_current(agent=agent)
+    if answers is None:
+        raise exceptions.SuiteInvalid(
+            f"the agent {agent.slug} has no requirements yet",
+            errors=[{"field": "agent", "message": "answer the six forcing questions first"}],
+        )
+    derived = requirements_module.derived_configuration(answers)
+    judge = _judge_alias(agent)
+    workspace = agent.workspace
+    datasets = list(Dataset.objects.filter(workspace=workspace, agent=agent).order_by("name")[:2])
+    made_suites: list[Suite] = []
+    made_rules: list[OnlineRule] = []
+
+    def evaluator_for(metric: Any, *, trajectory: bool) -> Evaluator:
+        existing = Evaluator.objects.filter(workspace=workspace, name=metric.name).order_by("-version").first()
+        if existing is not None:
+            return existing
+        return evaluator_create(
+            workspace=workspace,
+            agent=agent,
+            name=metric.name,
+            config=_metric_config(metric, trajectory=trajectory, derived=derived, judge=judge),
+            description=f"Proposed from {agent.slug}'s evaluation commitment: {metric.description}".strip(": "),
+            created_by=created_by,
+        )
+
+    for spec in derived.eval_suites.value:
+        if spec["name"] == "output-quality":
+            name = f"{agent.slug}-output-quality"
+            if Suite.objects.filter(workspace=workspace, name=name).exists():
+                continue
+            chosen = [evaluator_for(metric, trajectory=False) for metric in answers.evaluation.output_metrics]
+            made_suites.append(
+                suite_create(
+                    workspace=workspace,
+                    agent=agent,
+                    name=name,
+                    description="Proposed from the evaluation commitment: the output metrics, nightly.",
+                    dataset=datasets[0] if len(datasets) == 1 else None,
+                    schedule_cron=schedules.PRESETS.get(spec["schedule"], ""),
+                    schedule_enabled=len(datasets) == 1,
+                    evaluators_used=chosen,
+                    proposed=True,
+                    created_by=created_by,
+                )
+            )
+        elif spec["name"] == "trajectory-audit":
+            name = f"{agent.slug}-trajectory-audit"
+            if OnlineRule.objects.filter(workspace=workspace, name=name).exists():
+                continue
+            chosen = [evaluator_for(metric, trajectory=True) for metric in answers.evaluation.trajectory_metrics]
+            made_rules.append(
+                online.online_rule_create(
+                    agent=agent,
+                    name=name,
+                    evaluators_used=chosen,
+                    sample_rate=float(derived.trajectory_sampling_rate.value),
+                    delay_seconds=60,
+                    proposed=True,
+                    created_by=created_by,
+                )
+            )
+    return Proposal(suites=made_suites, rules=made_rules)

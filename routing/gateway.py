@@ -57,11 +57,33 @@ class MissingPromptVariables(ValidationFailed):
     code = "missing_variables"
 
 
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """What a caller inside Keel (an eval run) fixes about a request instead of the agent's defaults.
+
+    The prompt version replaces the production label's, the tier replaces the router's choice, the tags
+    and metadata go on the trajectory. A pinned request never reads or fills the semantic cache, starts no
+    shadow run and stores no routing decision: k samples are k model answers, and the router does not
+    learn from traffic it did not route."""
+
+    prompt_version: PromptVersion | None = None
+    tier: str | None = None
+    tags: tuple[str, ...] = ()
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
 @dataclass(slots=True)
 class GatewayAnswer:
     body: dict[str, Any]
     trace_id: str
     tier: str | None
+    # What the request did, for callers inside Keel that evaluate it (eval runs).
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # every model-requested call, in order
+    status: str = "ok"
+    steps: int = 0
+    cost_usd: float | None = None
+    latency_ms: float = 0.0
+    escalated: bool = False
 
 
 @dataclass(slots=True)
@@ -88,6 +110,7 @@ class _Plan:
     system_prompt: str | None = None
     violations: list[dict[str, Any]] = field(default_factory=list)  # what the guardrails found, for the answer
     pseudonyms: dict[str, str] = field(default_factory=dict)  # the input's pseudonyms -> what they stand for
+    pin: Pin | None = None
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -289,7 +312,11 @@ def _plan_agent(plan: _Plan, agent: Agent) -> None:
     request = plan.request
     plan.agent = agent
     plan.config = selectors.router_config_find(agent=agent)
-    plan.prompt_version = selectors.production_prompt_version(agent=agent)
+    pin = plan.pin
+    if pin is not None and pin.prompt_version is not None:
+        plan.prompt_version = pin.prompt_version
+    else:
+        plan.prompt_version = selectors.production_prompt_version(agent=agent)
     client_messages = _input_guarded(plan, agent, request.messages_json())
     variables: dict[str, Any] = {}
     if plan.prompt_version is not None:
@@ -312,7 +339,10 @@ def _plan_agent(plan: _Plan, agent: Agent) -> None:
     router_request = router.Request(messages=client_messages, has_tools=has_tools, conversation_tier=conversation_tier)
     plan.request_text = router.request_text(client_messages)[:REQUEST_TEXT_LIMIT]
     started = time.perf_counter()
-    needs_embedding = policy.mode != "single_level" or (plan.config is not None and plan.config.cache_enabled)
+    pinned_tier = pin.tier if pin is not None else None
+    needs_embedding = pinned_tier is None and (
+        policy.mode != "single_level" or (plan.config is not None and plan.config.cache_enabled)
+    )
     if needs_embedding:
         embedding = cache.request_embed(
             text=plan.request_text, target=plan.config.embedding_target if plan.config else None
@@ -323,6 +353,15 @@ def _plan_agent(plan: _Plan, agent: Agent) -> None:
         neighbours = selectors.routing_neighbours(agent=agent, embedding=plan.embedding, limit=policy.neighbours)
     routed = time.perf_counter()
     plan.decision = router.route(router_request, policy, neighbours)
+    if pinned_tier is not None:
+        plan.decision = router.Decision(
+            tier=pinned_tier,
+            method="pinned",
+            rule="",
+            reason=f"pinned to {pinned_tier} by the caller (an eval run)",
+            features=plan.decision.features,
+            estimates={},
+        )
     plan.decision.features["router_us"] = int((time.perf_counter() - routed) * 1_000_000)
     plan.decision.features["lookup_us"] = int((routed - started) * 1_000_000)
     budget = budgets.get(plan.decision.tier, {})
@@ -372,6 +411,9 @@ def _record(
     decision = plan.decision
     tags = ["gateway"]
     metadata: dict[str, Any] = {"model": plan.request.model}
+    if plan.pin is not None:
+        tags.extend(plan.pin.tags)
+        metadata |= dict(plan.pin.metadata)
     if decision is not None:
         tags.append(f"tier:{decision.tier}")
         metadata |= {"tier": decision.tier, "routing_method": decision.method, "routing_reason": decision.reason}
@@ -397,7 +439,7 @@ def _record(
     latency_ms = int((time.perf_counter() - plan.started) * 1000)
     with transaction.atomic():
         row = None
-        if plan.agent is not None and decision is not None:
+        if plan.agent is not None and decision is not None and plan.pin is None:
             cost = result.cost_usd if result else None
             row = RoutingDecision.objects.create(
                 workspace_id=plan.agent.workspace_id,
@@ -489,6 +531,9 @@ def _answer(plan: _Plan, result: tiers.TierResult, *, cache_hit: bool = False) -
 def _cache_check(plan: _Plan) -> tiers.TierResult | None:
     """Answer from the semantic cache when the request may be cached and a similar one was."""
     decision, config, agent = plan.decision, plan.config, plan.agent
+    if plan.pin is not None:
+        plan.cache_reason = "not cached: a pinned request (an eval run) asks the model every time"
+        return None
     assert decision is not None
     assert agent is not None
     eligible, reason = cache.cache_eligibility(
@@ -566,7 +611,9 @@ def _cache_store_maybe(plan: _Plan, result: tiers.TierResult) -> None:
     )
 
 
-def _plan(*, api_key: ApiKey, request: ChatCompletionRequest, conversation_id: str) -> tuple[_Plan, ModelTarget | None]:
+def _plan(
+    *, api_key: ApiKey, request: ChatCompletionRequest, conversation_id: str, pin: Pin | None = None
+) -> tuple[_Plan, ModelTarget | None]:
     conversation_id = conversation_id or (request.metadata or {}).get("conversation_id") or ""
     model = request.model
     agent_slug = model[len(AGENT_PREFIX) :] if model.startswith(AGENT_PREFIX) else None
@@ -588,6 +635,7 @@ def _plan(*, api_key: ApiKey, request: ChatCompletionRequest, conversation_id: s
             ),
         ),
         conversation_id=str(conversation_id)[:200],
+        pin=pin,
     )
     if agent is not None:
         try:
@@ -608,8 +656,8 @@ def _proxy(plan: _Plan, target: ModelTarget) -> tiers.TierResult:
     return tiers.single_result(completion)
 
 
-def _execute(plan: _Plan, target: ModelTarget | None) -> dict[str, Any]:
-    """Run a planned request to the end, record it, and return the answer's body."""
+def _execute(plan: _Plan, target: ModelTarget | None) -> tuple[dict[str, Any], tiers.TierResult]:
+    """Run a planned request to the end, record it, and return the answer's body and the tier's result."""
     result: tiers.TierResult | None = None
     cache_hit = False
     try:
@@ -627,7 +675,7 @@ def _execute(plan: _Plan, target: ModelTarget | None) -> dict[str, Any]:
         _record(plan, output=None, status="error", result=result, error=error)
         raise
     _settle(plan, result, cache_hit=cache_hit)
-    return _answer(plan, result, cache_hit=cache_hit)
+    return _answer(plan, result, cache_hit=cache_hit), result
 
 
 def _settle(plan: _Plan, result: tiers.TierResult, *, cache_hit: bool = False) -> None:
@@ -638,12 +686,35 @@ def _settle(plan: _Plan, result: tiers.TierResult, *, cache_hit: bool = False) -
     _shadow_maybe(plan, row, result)
 
 
-def chat_completion(*, api_key: ApiKey, request: ChatCompletionRequest, conversation_id: str = "") -> GatewayAnswer:
+def _tool_calls(result: tiers.TierResult) -> list[dict[str, Any]]:
+    """Every tool call the model asked for while serving the request (Keel-side and the caller's), in order."""
+    calls: list[dict[str, Any]] = []
+    for completion in result.completions:
+        for call in completion.message.get("tool_calls") or ():
+            function = call.get("function") or {}
+            calls.append({"id": call.get("id"), "name": function.get("name"), "arguments": function.get("arguments")})
+    return calls
+
+
+def chat_completion(
+    *, api_key: ApiKey, request: ChatCompletionRequest, conversation_id: str = "", pin: Pin | None = None
+) -> GatewayAnswer:
     """Serve one non-streamed chat request. Raises KeelError subclasses (404 unknown model, 422 missing
     prompt variables, 409 tier not configured, 502 provider failed) after recording the failure."""
-    plan, target = _plan(api_key=api_key, request=request, conversation_id=conversation_id)
-    body = _execute(plan, target)
-    return GatewayAnswer(body=body, trace_id=plan.recorder.trace_id, tier=body["keel"]["tier"])
+    plan, target = _plan(api_key=api_key, request=request, conversation_id=conversation_id, pin=pin)
+    body, result = _execute(plan, target)
+    cost = result.cost_usd
+    return GatewayAnswer(
+        body=body,
+        trace_id=plan.recorder.trace_id,
+        tier=body["keel"]["tier"],
+        tool_calls=_tool_calls(result),
+        status=result.status,
+        steps=result.steps,
+        cost_usd=None if cost is None else float(cost),
+        latency_ms=(time.perf_counter() - plan.started) * 1000,
+        escalated=result.handoff is not None,
+    )
 
 
 # --- Streaming ---------------------------------------------------------------------------------------
@@ -701,7 +772,7 @@ def chat_completion_stream(
             _record(plan, output=[cached.message], status="ok", result=cached, cache_hit=True)
             return plan.recorder.trace_id, _stream_whole(_answer(plan, cached, cache_hit=True))
     if not streams_live:
-        return plan.recorder.trace_id, _stream_whole(_execute(plan, None))
+        return plan.recorder.trace_id, _stream_whole(_execute(plan, None)[0])
     live_target = target or tiers.target_for_tier(agent=plan.agent, config=plan.config, tier=TierChoice.SINGLE_CALL)  # type: ignore[arg-type]
     parameters = plan.request.parameters()
     if plan.request.tools:

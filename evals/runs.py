@@ -1,0 +1,799 @@
+"""Eval runs: made from a suite, executed by a Celery worker, resumable, reported.
+
+A run fixes what it uses when it is made: the dataset version's items (copied into `RunItem`s), the
+prompt version a label pointed to, the evaluators' versions (`Run.evaluators`). Executing it:
+
+- the worker claims the run (a lease, renewed as items finish) and works through pending items with
+  `run.concurrency` threads; each item gets its k samples through the gateway (pinned to the run's prompt
+  version and tier, never answered from the cache) or from its recorded trajectory, then every evaluator
+  scores them (a group evaluator sees the k samples together);
+- every finished sample and score is stored at once, so a worker killed mid-run loses at most the
+  samples in flight: the run's lease runs out, the sweep hands it to a worker again, and that worker
+  resets the dead worker's items to pending and skips the samples and scores already stored;
+- a provider outage (every retry and fallback failed, for the target or a judge) puts the item back;
+  after `OUTAGE_LIMIT` such failures in a row the run pauses with the reason shown, and the sweep resumes
+  it after `PAUSE_SECONDS` (or someone resumes it by hand);
+- when no item is left the run is reported: per evaluator, mean, median, std, pass@k, majority@k,
+  bootstrap intervals, and the same per subgroup (the items' `metadata.tags`) with the worst group.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import orjson
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Count, F, Q
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from agent_registry import services as registry_services
+from agent_registry.models import ApiKey, PromptLabel, PromptVersion, Scope, User, Workspace
+from config.errors import KeelError
+from evals import evaluators, exceptions, metrics, selectors, verifiers
+from evals.models import (
+    Run,
+    RunItem,
+    RunItemStatus,
+    RunSample,
+    RunScore,
+    RunStatus,
+    RunTrigger,
+    Suite,
+    SuiteTarget,
+)
+from routing import gateway, providers
+from routing.chat import ChatCompletionRequest
+
+logger = logging.getLogger("evals.runs")
+
+LEASE_SECONDS = 300  # a driver that has not finished an item for this long is presumed dead
+QUEUED_GRACE_SECONDS = 120  # a queued run no worker picked up by then is dispatched again
+PAUSE_SECONDS = 120
+OUTAGE_LIMIT = 3
+MAX_ITEM_ATTEMPTS = 3
+RUNNER_KEY_NAME = "Keel eval runner (internal)"
+REPORT_KS = (1, 4, 16)
+# A worker holds a run for at most this long, then hands the rest to a fresh task (below Celery's time limit).
+SLICE_SECONDS = 20 * 60
+
+
+class RunNotStartable(exceptions.EvalsConflict):
+    code = "run_not_startable"
+
+
+# --- Making a run ---------------------------------------------------------------------------------------
+
+
+def _prompt_version(suite: Suite, override: PromptVersion | None) -> PromptVersion | None:
+    if override is not None:
+        return override
+    if suite.prompt_version is not None:
+        return suite.prompt_version
+    if suite.target != SuiteTarget.AGENT or suite.agent is None:
+        return None
+    label = (
+        PromptLabel.objects.select_related("version__prompt")
+        .filter(prompt__agent=suite.agent, name=suite.prompt_label or "production")
+        .order_by("prompt__name")
+        .first()
+    )
+    if label is None:
+        raise RunNotStartable(
+            f"the agent {suite.agent.slug} has no prompt labelled {suite.prompt_label or 'production'!r}",
+            errors=[{"field": "prompt_label", "message": "no prompt version has this label"}],
+        )
+    return label.version
+
+
+def _startable(suite: Suite) -> None:
+    problems: list[dict[str, str]] = []
+    if suite.dataset is None:
+        problems.append({"field": "dataset", "message": "the suite has no dataset"})
+    if not suite.suite_evaluators.exists():
+        problems.append({"field": "evaluators", "message": "the suite has no evaluators"})
+    if suite.target == SuiteTarget.AGENT and suite.agent is None:
+        problems.append({"field": "agent", "message": "an agent target needs the agent"})
+    if suite.target == SuiteTarget.MODEL_TARGET and suite.model_target is None:
+        problems.append({"field": "model_target", "message": "a model target suite needs the model target"})
+    if problems:
+        raise RunNotStartable(f"the suite {suite.name} cannot run: {problems[0]['message']}", errors=problems)
+
+
+@transaction.atomic
+def run_create(
+    *,
+    suite: Suite,
+    trigger: str = RunTrigger.MANUAL,
+    prompt_version: PromptVersion | None = None,
+    scheduled_for: datetime | None = None,
+    idempotency_key: str = "",
+    name: str = "",
+    created_by: User | None = None,
+    created_via_key: ApiKey | None = None,
+    dispatch: bool = True,
+) -> Run:
+    """A queued run of the suite, handed to a worker once the transaction commits.
+
+    The same `idempotency_key` (or schedule slot) gives back the run made the first time, so a retried
+    request or a second beat process does not make a second run."""
+    if idempotency_key:
+        existing = Run.objects.filter(workspace_id=suite.workspace_id, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return existing
+    if scheduled_for is not None:
+        existing = Run.objects.filter(suite=suite, scheduled_for=scheduled_for).first()
+        if existing is not None:
+            return existing
+    _startable(suite)
+    assert suite.dataset is not None
+    version = suite.dataset_version or selectors.dataset_version_latest(dataset=suite.dataset)
+    if version is None:
+        raise RunNotStartable(
+            f"the dataset {suite.dataset.name} has no items yet",
+            errors=[{"field": "dataset", "message": "the dataset has no version"}],
+        )
+    pinned = _prompt_version(suite, prompt_version)
+    snapshots = [
+        evaluators.Snapshot.of(link.evaluator).as_json()
+        for link in suite.suite_evaluators.select_related("evaluator").order_by("position", "id")
+    ]
+    samples = 1 if suite.target == SuiteTarget.RECORDED else suite.samples
+    label = f" v{pinned.version}" if pinned is not None else ""
+    run = Run(
+        workspace_id=suite.workspace_id,
+        suite=suite,
+        agent=suite.agent,
+        name=name or f"{suite.name}{label} · {timezone.now():%Y-%m-%d %H:%M}",
+        trigger=trigger,
+        scheduled_for=scheduled_for,
+        idempotency_key=idempotency_key,
+        dataset_version=version,
+        target=suite.target,
+        prompt_version=pinned,
+        tier=suite.tier,
+        model_target=suite.model_target,
+        samples=samples,
+        concurrency=suite.concurrency,
+        evaluators=snapshots,
+        item_count=version.item_count,
+        created_by=created_by,
+        created_via_key=created_via_key,
+    )
+    try:
+        with transaction.atomic():
+            run.save()
+    except IntegrityError:  # a concurrent create with the same key or slot won
+        winner = (
+            Run.objects.filter(
+                Q(workspace_id=suite.workspace_id, idempotency_key=idempotency_key)
+                if idempotency_key
+                else Q(pk__in=[]),
+            ).first()
+            or Run.objects.filter(suite=suite, scheduled_for=scheduled_for).first()
+        )
+        if winner is None:
+            raise
+        return winner
+    RunItem.objects.bulk_create(
+        [
+            RunItem(
+                run=run,
+                position=item.position,
+                dataset_item=item,
+                task=item.task,
+                input_messages=item.input_messages,
+                reference_output=item.reference_output,
+                expected_tool_calls=item.expected_tool_calls,
+                expected_state=item.expected_state,
+                metadata=item.metadata,
+                source_trace_id=item.source_trace_id,
+            )
+            for item in version.items.order_by("position")
+        ]
+    )
+    if dispatch:
+        run_dispatch(run)
+    return run
+
+
+def run_dispatch(run: Run) -> None:
+    from evals import tasks
+
+    run_id = run.pk
+    transaction.on_commit(lambda: tasks.run_execute.delay(run_id))
+
+
+def run_cancel(*, run: Run) -> Run:
+    Run.objects.filter(pk=run.pk, status__in=[RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.PAUSED]).update(
+        status=RunStatus.CANCELLED, finished_at=timezone.now()
+    )
+    run.refresh_from_db()
+    return run
+
+
+def run_resume(*, run: Run) -> Run:
+    """A paused run goes on now rather than after its pause."""
+    if run.status != RunStatus.PAUSED:
+        raise RunNotStartable(f"the run is {run.status}, not paused")
+    Run.objects.filter(pk=run.pk, status=RunStatus.PAUSED).update(resume_after=timezone.now())
+    run.refresh_from_db()
+    run_dispatch(run)
+    return run
+
+
+def runner_key(workspace: Workspace) -> ApiKey:
+    """The workspace's internal gateway key that eval runs call through; its plaintext is never kept."""
+    key = ApiKey.objects.filter(workspace=workspace, name=RUNNER_KEY_NAME, revoked_at__isnull=True).first()
+    if key is None:
+        key, _ = registry_services.apikey_create(workspace=workspace, name=RUNNER_KEY_NAME, scopes=[Scope.GATEWAY])
+    return key
+
+
+# --- Executing ------------------------------------------------------------------------------------------
+
+
+class _Outage(Exception):
+    """The model provider could not be reached; the item goes back and counts towards a pause."""
+
+
+@dataclass
+class _Driver:
+    """One worker's hold on a run while it executes it."""
+
+    run: Run
+    built: list[evaluators.Built]
+    api_key: ApiKey | None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    outages: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+    last_outage: str = ""
+    started: float = field(default_factory=time.monotonic)
+
+    def outage(self, reason: str) -> None:
+        with self.lock:
+            self.outages += 1
+            self.last_outage = reason
+            if self.outages >= OUTAGE_LIMIT:
+                self.stop.set()
+
+    def recovered(self) -> None:
+        with self.lock:
+            self.outages = 0
+
+
+def _claim(run_id: int) -> Run | None:
+    now = timezone.now()
+    lease = now - timedelta(seconds=LEASE_SECONDS)
+    claimed = Run.objects.filter(
+        Q(status=RunStatus.QUEUED)
+        | Q(status=RunStatus.RUNNING, claimed_at__lt=lease)
+        | Q(status=RunStatus.RUNNING, claimed_at__isnull=True)
+        | Q(status=RunStatus.PAUSED, resume_after__lte=now),
+        pk=run_id,
+    ).update(status=RunStatus.RUNNING, claimed_at=now, started_at=Coalesce(F("started_at"), now), pause_reason="")
+    if not claimed:
+        return None
+    return Run.objects.select_related("agent", "prompt_version", "model_target", "workspace").get(pk=run_id)
+
+
+def _item_claim(run: Run) -> RunItem | None:
+    with transaction.atomic():
+        item = (
+            RunItem.objects.select_for_update(skip_locked=True)
+            .filter(run=run, status=RunItemStatus.PENDING)
+            .order_by("position")
+            .first()
+        )
+        if item is None:
+            return None
+        item.status = RunItemStatus.RUNNING
+        item.claimed_at = timezone.now()
+        item.attempts += 1
+        item.save(update_fields=["status", "claimed_at", "attempts"])
+    return item
+
+
+def _eval_item(item: RunItem) -> verifiers.EvalItem:
+    expected = item.expected_tool_calls
+    return verifiers.EvalItem(
+        input=item.input_messages or item.task,
+        reference_output=item.reference_output or None,
+        expected_tool_calls=None
+        if expected is None
+        else tuple(
+            verifiers.ToolCall(str(call.get("name")), dict(call.get("arguments") or {}))
+            for call in expected
+            if isinstance(call, dict)
+        ),
+        expected_final_state=item.expected_state,
+        metadata=item.metadata,
+    )
+
+
+def _arguments(raw: Any) -> dict[str, Any]:
+    if isinstance(raw, dict):
+        return raw
+    if isinstance(raw, str):
+        try:
+            parsed = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return {"_raw": raw}
+        return parsed if isinstance(parsed, dict) else {"_value": parsed}
+    return {}
+
+
+def output_of_answer(answer: gateway.GatewayAnswer) -> dict[str, Any]:
+    """What a run keeps of a gateway answer: the message, the tool calls, the facts trajectory metrics read."""
+    message = answer.body["choices"][0]["message"]
+    keel = answer.body.get("keel") or {}
+    final_calls = {call.get("id") for call in message.get("tool_calls") or ()}
+    actions = []
+    for call in answer.tool_calls:
+        status = "client" if call.get("id") in final_calls else "executed"
+        if keel.get("approval") and call.get("id") in final_calls:
+            status = "pending_approval"
+        actions.append(
+            {"name": call.get("name") or "", "arguments": _arguments(call.get("arguments")), "status": status}
+        )
+    return {
+        "message": message,
+        "tool_calls": [{"name": a["name"], "arguments": a["arguments"]} for a in actions],
+        "facts": {
+            "trace_id": answer.trace_id,
+            "status": "ok" if answer.status == "ok" else "error",
+            "steps": answer.steps,
+            "cost_usd": answer.cost_usd,
+            "latency_ms": answer.latency_ms,
+            "tier": answer.tier,
+            "escalated": answer.escalated or answer.tier == "human",
+            "actions": actions,
+            "guardrail_actions": [str(v.get("action")) for v in keel.get("guardrails") or () if isinstance(v, dict)],
+        },
+    }
+
+
+def eval_output(stored: Mapping[str, Any], text: str) -> verifiers.EvalOutput:
+    """The evaluators' view of a stored sample output (see `output_of_answer`)."""
+    facts = stored.get("facts")
+    trajectory = None
+    if isinstance(facts, Mapping):
+        trajectory = verifiers.TrajectoryFacts(
+            trace_id=str(facts.get("trace_id") or ""),
+            status=str(facts.get("status") or "ok"),
+            steps=int(facts.get("steps") or 0),
+            model_calls=int(facts.get("model_calls") or 0),
+            cost_usd=facts.get("cost_usd"),
+            latency_ms=facts.get("latency_ms"),
+            input_tokens=int(facts.get("input_tokens") or 0),
+            output_tokens=int(facts.get("output_tokens") or 0),
+            tier=facts.get("tier"),
+            escalated=bool(facts.get("escalated")),
+            actions=tuple(
+                verifiers.ActionRecord(
+                    name=str(action.get("name") or ""),
+                    arguments=dict(action.get("arguments") or {}),
+                    status=str(action.get("status") or "executed"),
+                    approved=action.get("approved"),
+                    error=action.get("error"),
+                )
+                for action in facts.get("actions") or ()
+            ),
+            guardrail_actions=tuple(str(action) for action in facts.get("guardrail_actions") or ()),
+            signals=tuple(str(signal) for signal in facts.get("signals") or ()),
+        )
+    return verifiers.EvalOutput(
+        text=text,
+        tool_calls=tuple(
+            verifiers.ToolCall(str(call.get("name") or ""), dict(call.get("arguments") or {}))
+            for call in stored.get("tool_calls") or ()
+        ),
+        final_state=stored.get("final_state"),
+        trajectory=trajectory,
+    )
+
+
+def _text(message: Mapping[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return ""
+
+
+def _request(run: Run, item: RunItem) -> ChatCompletionRequest:
+    messages = item.input_messages or [{"role": "user", "content": item.task}]
+    variables = item.metadata.get("variables") if isinstance(item.metadata, dict) else None
+    model = f"{gateway.AGENT_PREFIX}{run.agent.slug}" if run.target == SuiteTarget.AGENT and run.agent else ""
+    if run.target == SuiteTarget.MODEL_TARGET and run.model_target is not None:
+        model = run.model_target.alias
+    return ChatCompletionRequest.model_validate(
+        {"model": model, "messages": messages, **({"variables": variables} if isinstance(variables, dict) else {})}
+    )
+
+
+def _sample_from_gateway(driver: _Driver, item: RunItem, sample: int) -> RunSample:
+    run = driver.run
+    assert driver.api_key is not None
+    pin = gateway.Pin(
+        prompt_version=run.prompt_version,
+        tier=run.tier or None,
+        tags=("eval", f"eval-run:{run.pk}"),
+        metadata={"eval_run": run.pk, "eval_item": item.position, "eval_sample": sample},
+    )
+    try:
+        answer = gateway.chat_completion(
+            api_key=driver.api_key,
+            request=_request(run, item),
+            conversation_id=f"eval-{run.pk}-{item.position}-{sample}",
+            pin=pin,
+        )
+    except providers.ProviderFailed as error:
+        raise _Outage(error.detail) from None
+    except KeelError as error:  # blocked, over budget, misconfigured: this sample is errored, not scored
+        return RunSample(item=item, sample=sample, error=f"{error.code}: {error.detail}"[:4000])
+    stored = output_of_answer(answer)
+    return RunSample(
+        item=item,
+        sample=sample,
+        output_text=_text(stored["message"]),
+        output=stored,
+        trace_id=answer.trace_id,
+        latency_ms=answer.latency_ms,
+        cost_usd=answer.cost_usd,
+    )
+
+
+def _sample_from_recording(run: Run, item: RunItem, sample: int) -> RunSample:
+    from evals import trajectory_facts
+    from tracing import selectors as tracing_selectors
+
+    if not item.source_trace_id:
+        return RunSample(item=item, sample=sample, error="the item has no recorded trajectory (source_trace_id)")
+    try:
+        trajectory = tracing_selectors.trajectory_get(workspace=run.workspace, trace_id=item.source_trace_id)
+    except KeelError:
+        return RunSample(item=item, sample=sample, error=f"trajectory {item.source_trace_id} is no longer stored")
+    output = trajectory_facts.eval_output_from_trajectory(trajectory=trajectory)
+    facts = output.trajectory
+    stored: dict[str, Any] = {
+        "message": {"role": "assistant", "content": output.text},
+        "tool_calls": [{"name": call.name, "arguments": dict(call.arguments)} for call in output.tool_calls],
+    }
+    if facts is not None:
+        stored["facts"] = {
+            "trace_id": facts.trace_id,
+            "status": facts.status,
+            "steps": facts.steps,
+            "model_calls": facts.model_calls,
+            "cost_usd": facts.cost_usd,
+            "latency_ms": facts.latency_ms,
+            "input_tokens": facts.input_tokens,
+            "output_tokens": facts.output_tokens,
+            "tier": facts.tier,
+            "escalated": facts.escalated,
+            "actions": [
+                {
+                    "name": action.name,
+                    "arguments": dict(action.arguments),
+                    "status": action.status,
+                    "approved": action.approved,
+                    "error": action.error,
+                }
+                for action in facts.actions
+            ],
+            "guardrail_actions": list(facts.guardrail_actions),
+            "signals": list(facts.signals),
+        }
+    return RunSample(
+        item=item,
+        sample=sample,
+        output_text=output.text,
+        output=orjson.loads(orjson.dumps(stored, default=str)),
+        trace_id=item.source_trace_id,
+        latency_ms=facts.latency_ms if facts else None,
+        cost_usd=facts.cost_usd if facts else None,
+    )
+
+
+def _samples(driver: _Driver, item: RunItem) -> list[RunSample]:
+    """The item's k samples: the stored ones, and the missing ones made and stored one by one."""
+    run = driver.run
+    stored = {sample.sample: sample for sample in RunSample.objects.filter(item=item)}
+    for index in range(run.samples):
+        if index in stored:
+            continue
+        if run.target == SuiteTarget.RECORDED:
+            made = _sample_from_recording(run, item, index)
+        else:
+            made = _sample_from_gateway(driver, item, index)
+            driver.recovered()
+        made.save()
+        stored[index] = made
+        _heartbeat(run)
+    return [stored[index] for index in range(run.samples)]
+
+
+def _scores(driver: _Driver, item: RunItem, samples: Sequence[RunSample]) -> None:
+    """Every evaluator's scores of the item's answered samples; scores stored before are kept."""
+    answered = [sample for sample in samples if not sample.error]
+    if not answered:
+        return
+    have = set(RunScore.objects.filter(sample__in=answered).values_list("sample_id", "evaluator_name").distinct())
+    eval_item = _eval_item(item)
+    for built in driver.built:
+        name = built.snapshot.name
+        missing = [sample for sample in answered if (sample.pk, name) not in have]
+        if not missing:
+            continue
+        # A group evaluator compares the samples with each other, so it always sees all of them.
+        judged = answered if built.group is not None else missing
+        try:
+            results = built.scores(eval_item, [eval_output(sample.output, sample.output_text) for sample in judged])
+        except evaluators.ModelUnavailable as error:
+            raise _Outage(str(error)) from None
+        RunScore.objects.bulk_create(
+            [
+                RunScore(
+                    sample=sample,
+                    evaluator_name=name,
+                    evaluator_version=built.snapshot.version,
+                    score=result.score,
+                    passed=result.passed,
+                    reason=result.reason[:8000],
+                    error=(result.error or "")[:4000],
+                )
+                for sample, result in zip(judged, results, strict=True)
+                if (sample.pk, name) not in have
+            ],
+            ignore_conflicts=True,
+        )
+
+
+def _heartbeat(run: Run) -> None:
+    Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(claimed_at=timezone.now())
+
+
+def _item_finish(run: Run, item: RunItem, samples: Sequence[RunSample]) -> None:
+    first = run.evaluators[0]["name"] if run.evaluators else None
+    values: list[float] = [
+        score
+        for score in RunScore.objects.filter(sample__item=item, evaluator_name=first).values_list("score", flat=True)
+        if score is not None
+    ]
+    errored = all(sample.error for sample in samples)
+    status = RunItemStatus.ERRORED if errored else RunItemStatus.DONE
+    error = samples[0].error if errored and samples else ""
+    with transaction.atomic():
+        updated = RunItem.objects.filter(pk=item.pk, status=RunItemStatus.RUNNING).update(
+            status=status, score=sum(values) / len(values) if values else None, error=error, claimed_at=None
+        )
+        if updated:
+            Run.objects.filter(pk=run.pk).update(
+                items_done=F("items_done") + 1,
+                items_errored=F("items_errored") + (1 if errored else 0),
+                claimed_at=timezone.now(),
+            )
+
+
+def _item_execute(driver: _Driver, item: RunItem) -> None:
+    run = driver.run
+    try:
+        samples = _samples(driver, item)
+        _scores(driver, item, samples)
+    except _Outage as error:
+        RunItem.objects.filter(pk=item.pk).update(
+            status=RunItemStatus.PENDING, claimed_at=None, attempts=F("attempts") - 1
+        )
+        driver.outage(str(error))
+        return
+    except Exception as error:
+        logger.exception("eval run %s item %s failed", run.pk, item.position)
+        if item.attempts >= MAX_ITEM_ATTEMPTS:
+            RunItem.objects.filter(pk=item.pk).update(
+                status=RunItemStatus.ERRORED, error=f"{type(error).__name__}: {error}"[:4000], claimed_at=None
+            )
+            Run.objects.filter(pk=run.pk).update(items_done=F("items_done") + 1, items_errored=F("items_errored") + 1)
+        else:
+            RunItem.objects.filter(pk=item.pk).update(status=RunItemStatus.PENDING, claimed_at=None)
+        return
+    _item_finish(run, item, samples)
+
+
+def _still_running(run: Run) -> bool:
+    return Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).exists()
+
+
+def _work(driver: _Driver) -> None:
+    try:
+        while not driver.stop.is_set():
+            if time.monotonic() - driver.started > SLICE_SECONDS:
+                return
+            if not _still_running(driver.run):  # cancelled, or paused by another thread
+                driver.stop.set()
+                return
+            item = _item_claim(driver.run)
+            if item is None:
+                return
+            _item_execute(driver, item)
+    finally:
+        if threading.current_thread() is not threading.main_thread():
+            connection.close()
+
+
+def _build(run: Run) -> list[evaluators.Built]:
+    return [
+        evaluators.build(evaluators.Snapshot.from_json(data), workspace_id=run.workspace_id, agent_id=run.agent_id)
+        for data in run.evaluators
+    ]
+
+
+def run_execute(*, run_id: int) -> Run | None:
+    """Execute a run to its end (or its pause); a run another live worker holds, or a finished one, is
+    left alone, so a redelivered task is harmless. Returns the run, or None when it was not claimed."""
+    run = _claim(run_id)
+    if run is None:
+        return None
+    # Items the previous holder had in hand: it is gone (its lease ran out) or it paused.
+    RunItem.objects.filter(run=run, status=RunItemStatus.RUNNING).update(status=RunItemStatus.PENDING, claimed_at=None)
+    try:
+        built = _build(run)
+    except evaluators.EvaluatorConfigError as error:
+        Run.objects.filter(pk=run.pk).update(
+            status=RunStatus.FAILED, error=f"evaluator settings: {error}", finished_at=timezone.now()
+        )
+        run.refresh_from_db()
+        return run
+    driver = _Driver(
+        run=run, built=built, api_key=None if run.target == SuiteTarget.RECORDED else runner_key(run.workspace)
+    )
+    workers = max(1, min(run.concurrency, run.item_count or 1))
+    if workers == 1:
+        _work(driver)
+    else:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"eval-run-{run.pk}") as pool:
+            for future in [pool.submit(_work, driver) for _ in range(workers)]:
+                future.result()
+    if driver.outages >= OUTAGE_LIMIT:
+        Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
+            status=RunStatus.PAUSED,
+            pause_reason=f"the model provider is unreachable ({driver.outages} failures in a row): "
+            f"{driver.last_outage}"[:4000],
+            resume_after=timezone.now() + timedelta(seconds=PAUSE_SECONDS),
+            claimed_at=None,
+        )
+    else:
+        _finish_maybe(run)
+    run.refresh_from_db()
+    return run
+
+
+def _finish_maybe(run: Run) -> None:
+    if RunItem.objects.filter(run=run, status__in=[RunItemStatus.PENDING, RunItemStatus.RUNNING]).exists():
+        # The slice ended, or items came back after an outage below the limit: a fresh task goes on.
+        requeued = Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
+            status=RunStatus.QUEUED, claimed_at=None
+        )
+        if requeued:
+            run_dispatch(run)
+        return
+    report = run_report(run=run)
+    finished = Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
+        status=RunStatus.COMPLETED, report=report, finished_at=timezone.now(), claimed_at=None
+    )
+    if finished:
+        from evals import regressions
+
+        regressions.run_completed(run_id=run.pk)
+
+
+def runs_sweep() -> list[int]:
+    """Runs a worker should take up: queued ones nobody picked up, ones whose worker died, paused ones
+    whose pause is over."""
+    now = timezone.now()
+    return list(
+        Run.objects.filter(
+            Q(status=RunStatus.QUEUED, created_at__lt=now - timedelta(seconds=QUEUED_GRACE_SECONDS))
+            | Q(status=RunStatus.QUEUED, claimed_at__isnull=True, started_at__isnull=False)
+            | Q(status=RunStatus.RUNNING, claimed_at__lt=now - timedelta(seconds=LEASE_SECONDS))
+            | Q(status=RunStatus.PAUSED, resume_after__lte=now)
+        ).values_list("pk", flat=True)[:100]
+    )
+
+
+# --- Reporting ------------------------------------------------------------------------------------------
+
+
+def _tags(metadata: Any) -> dict[str, str]:
+    tags = metadata.get("tags") if isinstance(metadata, dict) else None
+    if not isinstance(tags, dict):
+        return {}
+    return {str(key): str(value) for key, value in tags.items()}
+
+
+def item_results(*, run: Run, evaluator: str) -> list[metrics.ItemResult]:
+    """The run's items as `metrics` reads them, for one evaluator: each sample's score (None when the
+    sample or its score errored) and whether it passed; the answer text for majority@k."""
+    scores = {
+        sample_id: (score, passed)
+        for sample_id, score, passed in RunScore.objects.filter(
+            sample__item__run=run, evaluator_name=evaluator
+        ).values_list("sample_id", "score", "passed")
+    }
+    samples_of: dict[int, list[metrics.Sample]] = {}
+    for sample_id, item_id, text, error in (
+        RunSample.objects.filter(item__run=run)
+        .order_by("item_id", "sample")
+        .values_list("pk", "item_id", "output_text", "error")
+    ):
+        score, passed = scores.get(sample_id, (None, False))
+        if error:
+            score, passed = None, False
+        answer = verifiers.normalise_text(text) if text and score is not None else None
+        samples_of.setdefault(item_id, []).append(metrics.Sample(score, bool(passed), answer))
+    return [
+        metrics.ItemResult(str(position), tuple(samples_of.get(item_id, ())), _tags(metadata))
+        for item_id, position, metadata in RunItem.objects.filter(run=run).values_list("pk", "position", "metadata")
+    ]
+
+
+def run_report(*, run: Run) -> dict[str, Any]:
+    """Evaluator name -> the run's report for it (`metrics.RunReport.as_json()`)."""
+    report: dict[str, Any] = {}
+    for data in run.evaluators:
+        name = data["name"]
+        items = item_results(run=run, evaluator=name)
+        full = metrics.run_report(items, REPORT_KS).as_json()
+        full.pop("items")  # per item, the run's items hold it
+        report[name] = full | {"evaluator_version": data["version"]}
+    return report
+
+
+def run_progress(*, run: Run) -> dict[str, Any]:
+    counts = dict(
+        RunItem.objects.filter(run=run).values_list("status").annotate(n=Count("pk")).values_list("status", "n")
+    )
+    return {
+        "status": run.status,
+        "items": run.item_count,
+        "done": run.items_done,
+        "errored": run.items_errored,
+        "pending": counts.get(RunItemStatus.PENDING, 0),
+        "running": counts.get(RunItemStatus.RUNNING, 0),
+        "pause_reason": run.pause_reason,
+        "resume_after": run.resume_after.isoformat() if run.resume_after else None,
+    }
+
+
+def item_scores(*, run: Run, evaluator: str) -> dict[str, float | None]:
+    return metrics.item_scores(item_results(run=run, evaluator=evaluator))
+
+
+def runs_compare(*, baseline: Run, candidate: Run, evaluators_named: Iterable[str] | None = None) -> dict[str, Any]:
+    """Candidate against baseline on the items both ran (by position in the dataset version): per evaluator,
+    the paired comparison (delta, bootstrap interval, sign-flip p-value) and each run's report."""
+    names = list(evaluators_named or [])
+    if not names:
+        baseline_names = [data["name"] for data in baseline.evaluators]
+        names = [data["name"] for data in candidate.evaluators if data["name"] in baseline_names]
+    comparisons: dict[str, Any] = {}
+    for name in names:
+        comparison = metrics.paired_comparison(
+            item_scores(run=baseline, evaluator=name), item_scores(run=candidate, evaluator=name)
+        )
+        comparisons[name] = comparison.as_json()
+    same_items = baseline.dataset_version_id == candidate.dataset_version_id
+    return {
+        "baseline": baseline.pk,
+        "candidate": candidate.pk,
+        "same_dataset_version": same_items,
+        "metrics": comparisons,
+    }
