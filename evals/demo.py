@@ -1,20 +1,30 @@
-"""The demo workspace's eval datasets, made by Keel's own dataset services.
+"""The demo workspace's evals, made by Keel's own services and run by its own runner.
 
 The ride-support bot gets a regression set in two versions, as a team would build one: first a golden
 set the support leads wrote (uploaded as JSONL, each item tagged with its language and intent, so that
 runs can report the worst group), then hard cases taken from its production trajectories (the
-gateway's traffic), each keeping the trace id it came from. Idempotent: a workspace with datasets is
-left alone.
+gateway's traffic), each keeping the trace id it came from.
+
+Then the suites and online rules Keel proposes from each agent's evaluation commitment, as a team would
+take them: the ride-support bot's nightly suite gets two more evaluators (similarity to the reference and a
+RULER-style group judge) and k = 4, and runs on demand on both prompt versions (v1 as the baseline of
+v2, so the comparison and the regression check have something to show); its trajectory audit rule
+scores the day's production trajectories. The shopping assistant's proposal waits for a dataset. The
+judges run on the demo model (routing/demo_provider.py), a fake that scores by coverage of the task.
+Idempotent: a workspace with datasets, or with suites, is left alone.
 """
 
 from __future__ import annotations
 
 import json
+from datetime import timedelta
+
+from django.utils import timezone
 
 from agent_registry import selectors as registry_selectors
-from agent_registry.models import Role, Workspace
-from evals import services
-from evals.models import Dataset
+from agent_registry.models import PromptVersion, Role, User, Workspace
+from evals import online, regressions, runs, services
+from evals.models import Dataset, RunTrigger, Suite
 from tracing.models import Trajectory, TrajectoryStatus
 
 DATASET = "ride-support-regressions"
@@ -88,11 +98,17 @@ GOLDEN = (
 
 
 def demo_evals_seed(workspace: Workspace) -> None:
-    """Seed the ride-support bot's regression dataset unless the workspace has datasets."""
-    if Dataset.objects.filter(workspace=workspace).exists():
-        return
-    ride = registry_selectors.agent_get(workspace=workspace, slug="ride-support")
+    """Seed the ride-support bot's regression dataset, then the proposed suites, their runs and the online
+    rule's scores; each part only once."""
     owner = next(m.user for m in registry_selectors.workspace_member_list(workspace=workspace) if m.role == Role.OWNER)
+    if not Dataset.objects.filter(workspace=workspace).exists():
+        _dataset_seed(workspace, owner)
+    if not Suite.objects.filter(workspace=workspace).exists():
+        _suites_seed(workspace, owner)
+
+
+def _dataset_seed(workspace: Workspace, owner: User) -> None:
+    ride = registry_selectors.agent_get(workspace=workspace, slug="ride-support")
     dataset = services.dataset_create(
         workspace=workspace,
         name=DATASET,
@@ -119,3 +135,51 @@ def demo_evals_seed(workspace: Workspace) -> None:
         services.dataset_add_trajectories(
             dataset=dataset, trace_ids=production, message="hard cases from production", created_by=owner
         )
+
+
+def _suites_seed(workspace: Workspace, owner: User) -> None:
+    ride = registry_selectors.agent_get(workspace=workspace, slug="ride-support")
+    shopping = registry_selectors.agent_get(workspace=workspace, slug="shopping-assistant")
+    services.suites_propose(agent=shopping, created_by=owner)  # no dataset yet: proposed, not scheduled
+    proposal = services.suites_propose(agent=ride, created_by=owner)
+    suite = proposal.suites[0]
+    judge = services.judge_alias(ride)
+    similarity = services.evaluator_create(
+        workspace=workspace,
+        agent=ride,
+        name="reference_similarity",
+        config={"type": "embedding_similarity", "threshold": 0.5},
+        description="Meaning close to the support leads' reference answer.",
+        created_by=owner,
+    )
+    ranking = services.evaluator_create(
+        workspace=workspace,
+        agent=ride,
+        name="group_rank",
+        config={"type": "group_judge", **({"model": judge} if judge else {})},
+        description="RULER-style: the k answers to an item ranked against each other by one judge call.",
+        created_by=owner,
+    )
+    proposed = [link.evaluator for link in suite.suite_evaluators.order_by("position")]
+    services.suite_update(
+        suite=suite,
+        samples=4,
+        variables={"company": "Acme Rides"},
+        evaluators_used=[*proposed, similarity, ranking],
+    )
+
+    prompt = ride.prompts.get(name="ride-support/system")
+    first, second = PromptVersion.objects.filter(prompt=prompt, version__in=[1, 2]).order_by("version")
+    baseline = runs.run_create(
+        suite=suite, trigger=RunTrigger.MANUAL, prompt_version=first, created_by=owner, dispatch=False
+    )
+    runs.run_execute(run_id=baseline.pk, inline=True)
+    candidate = runs.run_create(
+        suite=suite, trigger=RunTrigger.MANUAL, prompt_version=second, created_by=owner, dispatch=False
+    )
+    type(candidate).objects.filter(pk=candidate.pk).update(baseline=baseline)
+    runs.run_execute(run_id=candidate.pk, inline=True)
+    regressions.run_completed(run_id=candidate.pk)
+
+    for rule in proposal.rules:
+        online.rule_backfill(rule=rule, start=timezone.now() - timedelta(days=2), end=timezone.now())

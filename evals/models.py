@@ -163,6 +163,8 @@ class Suite(models.Model):
     model_target = models.ForeignKey(
         "routing.ModelTarget", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
+    # The prompt's variables for every request (an item's metadata.variables add to them).
+    variables = models.JSONField(default=dict, blank=True)
     evaluators = models.ManyToManyField(Evaluator, through="SuiteEvaluator", related_name="suites")
     samples = models.PositiveSmallIntegerField(default=1)  # k
     concurrency = models.PositiveSmallIntegerField(default=4)
@@ -252,6 +254,7 @@ class Run(models.Model):
     )
     samples = models.PositiveSmallIntegerField(default=1)
     concurrency = models.PositiveSmallIntegerField(default=4)
+    variables = models.JSONField(default=dict, blank=True)
     # The evaluators' versions and settings when the run was made: [{"id", "name", "version", "type", "config"}].
     evaluators = models.JSONField(default=list)
     item_count = models.PositiveIntegerField(default=0)

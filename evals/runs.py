@@ -162,6 +162,7 @@ def run_create(
         model_target=suite.model_target,
         samples=samples,
         concurrency=suite.concurrency,
+        variables=dict(suite.variables or {}),
         evaluators=snapshots,
         item_count=version.item_count,
         created_by=created_by,
@@ -411,12 +412,15 @@ def _text(message: Mapping[str, Any]) -> str:
 
 def _request(run: Run, item: RunItem) -> ChatCompletionRequest:
     messages = item.input_messages or [{"role": "user", "content": item.task}]
-    variables = item.metadata.get("variables") if isinstance(item.metadata, dict) else None
+    variables = dict(run.variables or {})
+    own = item.metadata.get("variables") if isinstance(item.metadata, dict) else None
+    if isinstance(own, dict):
+        variables.update(own)
     model = f"{gateway.AGENT_PREFIX}{run.agent.slug}" if run.target == SuiteTarget.AGENT and run.agent else ""
     if run.target == SuiteTarget.MODEL_TARGET and run.model_target is not None:
         model = run.model_target.alias
     return ChatCompletionRequest.model_validate(
-        {"model": model, "messages": messages, **({"variables": variables} if isinstance(variables, dict) else {})}
+        {"model": model, "messages": messages, **({"variables": variables} if variables else {})}
     )
 
 
@@ -636,9 +640,12 @@ def _build(run: Run) -> list[evaluators.Built]:
     ]
 
 
-def run_execute(*, run_id: int) -> Run | None:
+def run_execute(*, run_id: int, inline: bool = False) -> Run | None:
     """Execute a run to its end (or its pause); a run another live worker holds, or a finished one, is
-    left alone, so a redelivered task is harmless. Returns the run, or None when it was not claimed."""
+    left alone, so a redelivered task is harmless. Returns the run, or None when it was not claimed.
+
+    `inline` works through the items in the calling thread alone, for callers inside a transaction that
+    the run's worker threads could not see (the demo seed)."""
     run = _claim(run_id)
     if run is None:
         return None
@@ -655,7 +662,7 @@ def run_execute(*, run_id: int) -> Run | None:
     driver = _Driver(
         run=run, built=built, api_key=None if run.target == SuiteTarget.RECORDED else runner_key(run.workspace)
     )
-    workers = max(1, min(run.concurrency, run.item_count or 1))
+    workers = 1 if inline else max(1, min(run.concurrency, run.item_count or 1))
     if workers == 1:
         _work(driver)
     else:

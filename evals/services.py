@@ -308,6 +308,7 @@ SUITE_FIELDS = (
     "prompt_version",
     "tier",
     "model_target",
+    "variables",
     "samples",
     "concurrency",
     "schedule_cron",
@@ -326,6 +327,8 @@ def _suite_problems(suite: Suite) -> list[dict[str, str]]:
         problems.append({"field": "samples", "message": "k is 1 to 64"})
     if not 1 <= suite.concurrency <= 64:
         problems.append({"field": "concurrency", "message": "1 to 64 items at a time"})
+    if not isinstance(suite.variables, dict):
+        problems.append({"field": "variables", "message": "must be an object of variable name to value"})
     if suite.tier and suite.tier not in TIERS:
         problems.append({"field": "tier", "message": f"must be one of {', '.join(TIERS)}, or empty"})
     workspace_id = suite.workspace_id
@@ -461,7 +464,7 @@ class Proposal:
     rules: list[OnlineRule]
 
 
-def _judge_alias(agent: Agent) -> str | None:
+def judge_alias(agent: Agent) -> str | None:
     from routing.models import ModelTarget, RouterConfig
 
     config = RouterConfig.objects.select_related("judge_target").filter(agent=agent).first()
@@ -488,11 +491,10 @@ def _metric_config(metric: Any, *, trajectory: bool, derived: Any, judge: str | 
             "constraints": constraints,
             "allowed_tools": list(derived.tool_allow_list.value),
         }
-    comparator = "at most" if metric.comparator.value == "<=" else "at least"
-    rubric = (
-        f"{metric.description or name.replace('_', ' ')}. Score how well the answer achieves this; the team "
-        f"committed to {comparator} {metric.target}."
-    )
+    goal = metric.description or name.replace("_", " ")
+    # The commitment's target is on the metric's own scale (a rate, a 1-5 rating); the judge scores how
+    # well one answer serves the goal, higher being better, and the team calibrates it against people.
+    rubric = f"The team measures: {goal}. Score how well the response serves this, a higher score being better."
     config: dict[str, Any] = {"type": "llm_judge", "rubric": rubric, "scale": "0-10"}
     if judge:
         config["model"] = judge
@@ -516,7 +518,7 @@ def suites_propose(*, agent: Agent, created_by: User | None = None) -> Proposal:
             errors=[{"field": "agent", "message": "answer the six forcing questions first"}],
         )
     derived = requirements_module.derived_configuration(answers)
-    judge = _judge_alias(agent)
+    judge = judge_alias(agent)
     workspace = agent.workspace
     datasets = list(Dataset.objects.filter(workspace=workspace, agent=agent).order_by("name")[:2])
     made_suites: list[Suite] = []

@@ -84,6 +84,7 @@ class SuiteIn(Schema):
     prompt_version: int | None = None
     tier: str = ""
     model_target: str | None = None
+    variables: dict[str, Any] = Field(default_factory=dict)
     evaluators: list[str] = Field(default_factory=list, max_length=50)
     samples: int = Field(default=1, ge=1, le=64)
     concurrency: int = Field(default=4, ge=1, le=64)
@@ -100,6 +101,7 @@ class SuitePatch(Schema):
     prompt_version: int | None = None
     tier: str | None = None
     model_target: str | None = None
+    variables: dict[str, Any] | None = None
     evaluators: list[str] | None = Field(default=None, max_length=50)
     samples: int | None = Field(default=None, ge=1, le=64)
     concurrency: int | None = Field(default=None, ge=1, le=64)
@@ -118,6 +120,7 @@ class SuiteOut(Schema):
     prompt_version: int | None
     tier: str
     model_target: str | None
+    variables: dict[str, Any]
     evaluators: list[dict[str, Any]]
     samples: int
     concurrency: int
@@ -277,6 +280,7 @@ def _suite_out(suite: Suite) -> dict[str, Any]:
         "prompt_version": suite.prompt_version.version if suite.prompt_version else None,
         "tier": suite.tier,
         "model_target": suite.model_target.alias if suite.model_target else None,
+        "variables": suite.variables,
         "evaluators": [
             {"name": evaluator.name, "version": evaluator.version, "type": evaluator.type}
             for evaluator in selectors.suite_evaluators(suite=suite)
@@ -445,6 +449,7 @@ def _suite_fields(
         "target",
         "prompt_label",
         "tier",
+        "variables",
         "samples",
         "concurrency",
         "schedule_cron",

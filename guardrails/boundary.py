@@ -138,6 +138,8 @@ def _pending(approval: ApprovalRequest) -> ToolCallVerdict:
 
 
 def _request_approval(agent: Agent, call: ToolCall, tools: policy.ToolPolicy, reason: str) -> ToolCallVerdict:
+    if call.rehearsal:  # an eval run asks nobody: the call is held, as it would be while a person decides
+        return ToolCallVerdict(allowed=False, reason=f"{reason} (held: an eval run asks no one for approval)")
     key = conversation_key(call)[:200]
     digest = policy.arguments_hash(call.arguments)
     same_call = ApprovalRequest.objects.filter(agent=agent, conversation_id=key, tool=call.name, arguments_hash=digest)

@@ -47,6 +47,40 @@ def _judge(messages: Sequence[Any]) -> str:
     return json.dumps({"reasoning": f"covers {overlap:.0%} of the request's terms", "score": score})
 
 
+def _coverage(target: str, answer: str) -> float:
+    """How much of the target's terms the answer addresses, with a little credit for a full answer."""
+    words = _words(target)
+    overlap = len(words & _words(answer)) / max(1, len(words))
+    return 0.7 * overlap + 0.3 * min(1.0, len(answer) / 160)
+
+
+def _section(text: str, tag: str) -> str:
+    match = re.search(rf"<{tag}[^>]*>\n?(.*?)\n?</{tag}>", text, re.DOTALL)
+    return match.group(1) if match else ""
+
+
+def _eval_judge(messages: Sequence[Any]) -> str:
+    """Keel's eval judges (evals/judges.py): a rubric verdict on the scale asked for, or relative scores for
+    a group of candidates; scored by how much of the task (and the reference) an answer covers."""
+    prompt = _last(messages, "user")
+    task = _section(prompt, "task") + " " + _section(prompt, "reference")
+    candidates = re.findall(r'<candidate id="([^"]+)">\n?(.*?)\n?</candidate>', prompt, re.DOTALL)
+    if candidates:
+        scores = [
+            {"id": id_, "score": round(_coverage(task, text), 2), "explanation": "covers the task's terms"}
+            for id_, text in candidates
+        ]
+        return json.dumps({"reasoning": "ranked by how much of the task each candidate addresses", "scores": scores})
+    value = _coverage(task, _section(prompt, "response"))
+    if "Score 1 if" in prompt:
+        score = int(value >= 0.5)
+    elif "Score from 1" in prompt:
+        score = 1 + round(4 * value)
+    else:
+        score = round(10 * value)
+    return json.dumps({"reasoning": f"the response covers {value:.0%} of what the task asks", "score": score})
+
+
 def _first(messages: Sequence[Any], role: str) -> str:
     return next((_text(m.get("content")) for m in messages if m.get("role") == role), "")
 
@@ -60,6 +94,8 @@ def _answer(model: str, messages: Sequence[Any]) -> str:
         return json.dumps({"intent": intent, "summary": request[:80]})
     if tool_results:
         return f"I checked your trip ({tool_results[-1][:120]}) and took care of it: {request[:80]}"
+    if "escalate at once" in system and re.search(r"unsafe|safety|assault|red light", request, re.I):
+        return "I'm sorry. I'm handing this to our safety team now; a person will call you shortly."
     digest = int(hashlib.sha256(f"{model}{request}".encode()).hexdigest()[:4], 16)
     if model.endswith("fast") and digest % 3 == 0:
         return "Thanks for reaching out! Could you tell me more?"
@@ -105,10 +141,13 @@ def register() -> None:
         def completion(self, model: str, messages: list[Any], *args: Any, **kwargs: Any) -> ModelResponse:
             params = kwargs.get("optional_params") or {}
             system = _text(messages[0].get("content")) if messages else ""
-            call = None if "grade an AI assistant" in system else _tool_call(messages, params.get("tools") or ())
+            judging = "grade an AI assistant" in system or "impartial evaluator" in system
+            call = None if judging else _tool_call(messages, params.get("tools") or ())
             content = None
-            if call is None:
-                content = _judge(messages) if "grade an AI assistant" in system else _answer(model, messages)
+            if call is None and "impartial evaluator" in system:
+                content = _eval_judge(messages)
+            elif call is None:
+                content = _judge(messages) if judging else _answer(model, messages)
             calls = (
                 [ChatCompletionMessageToolCall(id=f"call-{len(messages)}", type="function", function=Function(**call))]
                 if call

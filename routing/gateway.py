@@ -64,7 +64,8 @@ class Pin:
     The prompt version replaces the production label's, the tier replaces the router's choice, the tags
     and metadata go on the trajectory. A pinned request never reads or fills the semantic cache, starts no
     shadow run and stores no routing decision: k samples are k model answers, and the router does not
-    learn from traffic it did not route."""
+    learn from traffic it did not route. Nor does it put anything in the queues people work from: a
+    hand-off or an approval it would need is recorded on its trajectory only."""
 
     prompt_version: PromptVersion | None = None
     tier: str | None = None
@@ -378,6 +379,7 @@ def _plan_agent(plan: _Plan, agent: Agent) -> None:
         max_steps=budget.get("max_steps"),
         routing_reason=plan.decision.reason,
         pseudonyms=plan.pseudonyms,
+        rehearsal=plan.pin is not None,
     )
     _decision_span(plan)
 
@@ -713,7 +715,7 @@ def chat_completion(
         steps=result.steps,
         cost_usd=None if cost is None else float(cost),
         latency_ms=(time.perf_counter() - plan.started) * 1000,
-        escalated=result.handoff is not None,
+        escalated=result.handoff is not None or body["keel"]["tier"] == TierChoice.HUMAN,
     )
 
 

@@ -24,6 +24,8 @@ class ToolCall:
     conversation_id: str
     trace_id: str
     runs_on: str  # "keel" (a registered endpoint) or "client"
+    # Made by Keel itself (an eval run): a call that needs a person's approval is held without asking anyone.
+    rehearsal: bool = False
 
 
 @dataclass(frozen=True, slots=True)

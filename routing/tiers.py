@@ -58,6 +58,9 @@ class TierContext:
     max_steps: int | None
     routing_reason: str = ""
     pseudonyms: dict[str, str] = field(default_factory=dict)  # the input's pseudonyms -> what they stand for
+    # A request Keel makes itself (an eval run): nothing it does may wait on a person, so a hand-off and an
+    # approval are recorded on the trajectory only, never put in the queues people work from.
+    rehearsal: bool = False
 
 
 @dataclass(slots=True)
@@ -346,6 +349,7 @@ def agentic(context: TierContext, messages: Sequence[Mapping[str, Any]]) -> Tier
                     conversation_id=context.conversation_id,
                     trace_id=context.recorder.trace_id,
                     runs_on="keel" if runs_on_keel else "client",
+                    rehearsal=context.rehearsal,
                 )
             )
             for name, call in zip(names, calls, strict=True)
@@ -413,20 +417,23 @@ def human(context: TierContext, messages: Sequence[Mapping[str, Any]]) -> TierRe
     answer = (context.config.human_message if context.config else "") or (
         "I've passed this to a member of our team, who will get back to you shortly."
     )
-    handoff = Handoff.objects.create(
-        workspace_id=context.agent.workspace_id,
-        agent=context.agent,
-        trace_id=context.recorder.trace_id,
-        conversation_id=context.conversation_id,
-        end_user=context.end_user or "",
-        reason=context.routing_reason or "routed to a person",
-        messages=[dict(message) for message in messages],
-    )
+    reason = context.routing_reason or "routed to a person"
+    handoff = None
+    if not context.rehearsal:
+        handoff = Handoff.objects.create(
+            workspace_id=context.agent.workspace_id,
+            agent=context.agent,
+            trace_id=context.recorder.trace_id,
+            conversation_id=context.conversation_id,
+            end_user=context.end_user or "",
+            reason=reason,
+            messages=[dict(message) for message in messages],
+        )
     context.recorder.span(
         name="hand-off to a person",
         span_type="event",
         start_ns=time.time_ns(),
-        metadata={"handoff_id": handoff.pk, "reason": handoff.reason},
+        metadata={"handoff_id": handoff.pk if handoff else None, "reason": reason, "rehearsal": context.rehearsal},
         output=answer,
     )
     return TierResult(message={"role": "assistant", "content": answer}, finish_reason="stop", handoff=handoff)

@@ -39,3 +39,42 @@ def test_seeding_again_adds_nothing(seeded):
     registry_demo.demo_seed()
 
     assert DatasetVersion.objects.count() == before == 2
+
+
+def test_the_ride_suite_is_proposed_and_run_on_both_prompt_versions_with_k_4(seeded):
+    from evals.models import OnlineEvaluation, Run, RunStatus, Suite
+
+    suite = Suite.objects.get(workspace=seeded, name="ride-support-output-quality")
+    assert suite.samples == 4
+    assert suite.schedule_enabled
+    assert suite.dataset is not None
+    assert suite.dataset.name == demo.DATASET
+    names = [link.evaluator.name for link in suite.suite_evaluators.order_by("position")]
+    assert names[-2:] == ["reference_similarity", "group_rank"]
+    baseline, candidate = Run.objects.filter(suite=suite).order_by("pk")
+    assert (baseline.status, candidate.status) == (RunStatus.COMPLETED, RunStatus.COMPLETED)
+    assert candidate.baseline_id == baseline.pk
+    assert baseline.prompt_version is not None
+    assert candidate.prompt_version is not None
+    assert (baseline.prompt_version.version, candidate.prompt_version.version) == (1, 2)
+    for run in (baseline, candidate):
+        assert run.items_errored == 0
+        for name in names:
+            overall = run.report[name]["overall"]
+            assert overall["errored_samples"] == 0, (name, overall)
+            assert set(overall["pass_at_k"]) == {"1", "4"}
+        assert run.report[names[0]]["worst_groups"]["language"] is not None
+    # The online rule scored production trajectories.
+    assert OnlineEvaluation.objects.filter(rule__workspace=seeded).exists()
+    # The shopping assistant's proposal waits for a dataset.
+    shopping = Suite.objects.get(workspace=seeded, name="shopping-assistant-output-quality")
+    assert shopping.dataset is None
+    assert not shopping.schedule_enabled
+
+
+def test_seeding_again_runs_nothing_again(seeded):
+    from evals.models import OnlineEvaluation, Run
+
+    before = (Run.objects.count(), OnlineEvaluation.objects.count())
+    registry_demo.demo_seed()
+    assert (Run.objects.count(), OnlineEvaluation.objects.count()) == before
