@@ -280,3 +280,20 @@ def test_a_run_keeps_at_most_its_concurrency_of_items_in_flight(gateway: Gateway
     assert run.items_done == 9
     assert RunSample.objects.filter(item__run=run).count() == 18
     assert 2 <= peak <= 3
+
+
+def test_an_eval_request_routed_to_a_person_puts_nothing_in_the_hand_off_queue(
+    gateway: Gateway, fake: FakeGatewayLLM
+) -> None:
+    from routing.models import Handoff
+
+    suite = _suite(gateway, samples=1, tier="human")
+    run = runs.run_execute(run_id=runs.run_create(suite=suite, dispatch=False).pk)
+
+    assert run is not None
+    assert run.status == RunStatus.COMPLETED
+    assert not Handoff.objects.filter(agent=gateway.agent).exists()
+    sample = RunSample.objects.filter(item__run=run).first()
+    assert sample is not None
+    assert sample.output["facts"]["escalated"] is True
+    assert fake.received == []

@@ -3,6 +3,8 @@ expire) and rate limits, as the gateway's hook sees them."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from datetime import timedelta
 
 import pytest
@@ -132,6 +134,18 @@ def test_a_refund_over_the_limit_waits_for_approval(workspace):
     assert approval.trace_id == "t" * 32
     assert list(approval.events.values_list("kind", flat=True)) == ["requested"]
     assert GuardrailViolation.objects.get().action == "require_approval"
+
+
+def test_an_eval_runs_refund_over_the_limit_is_held_without_asking_anyone(workspace):
+    agent = guarded_agent(workspace=workspace)
+    call = dataclasses.replace(tool_call(agent), rehearsal=True)
+
+    verdict = boundary.tool_call_authorize(call)
+
+    assert verdict.allowed is False
+    assert verdict.pending_approval_id is None
+    assert "an eval run asks no one" in verdict.reason
+    assert not ApprovalRequest.objects.exists()
 
 
 def test_a_missing_amount_cannot_be_checked_and_waits_for_approval(workspace):
