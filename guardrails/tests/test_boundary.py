@@ -4,7 +4,6 @@ expire) and rate limits, as the gateway's hook sees them."""
 from __future__ import annotations
 
 import dataclasses
-
 from datetime import timedelta
 
 import pytest
