@@ -4,12 +4,13 @@ agents' datasets): datasets, their versions and items, and a version written out
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from django.db.models import Model, OuterRef, Prefetch, QuerySet, Subquery
 
 from agent_registry.models import Workspace
-from evals import dataset_items, exceptions
+from evals import dataset_items, exceptions, judges
 from evals.models import (
     Dataset,
     DatasetItem,
@@ -20,9 +21,11 @@ from evals.models import (
     Run,
     RunItem,
     RunSample,
+    RunScore,
     RunStatus,
     Suite,
 )
+from tracing.models import Score, ScoreSource
 
 AgentIds = Collection[int] | None
 M = TypeVar("M", bound=Model)
@@ -255,3 +258,56 @@ def metric_history(*, suite: Suite, evaluator: str, limit: int = 60) -> list[dic
             }
         )
     return points
+
+
+@dataclass(frozen=True)
+class EvaluatorCalibration:
+    """An evaluator against people on the same trajectories (see `evaluator_calibration`)."""
+
+    name: str
+    calibration: judges.Calibration
+    skipped: int  # human scores outside 0..1, which cannot be compared with an evaluator's
+
+
+def evaluator_calibration(*, workspace: Workspace, name: str, threshold: float = 0.5) -> EvaluatorCalibration:
+    """How the evaluator `name` agrees with people: every trajectory that has both a human score named
+    `name` (numeric in 0..1, or boolean) and the evaluator's score, from an online rule (a score on the
+    trajectory) or from a run (the sample's trajectory). A trajectory scored several times by either side
+    counts once, with the mean of each side's scores."""
+    human: dict[str, list[float]] = {}
+    skipped = 0
+    for trace_id, value in Score.objects.filter(
+        workspace=workspace, name=name, source=ScoreSource.HUMAN, value__isnull=False
+    ).values_list("trajectory__trace_id", "value"):
+        if value is not None and 0.0 <= value <= 1.0:
+            human.setdefault(trace_id, []).append(value)
+        else:
+            skipped += 1
+    machine: dict[str, list[float]] = {}
+    for trace_id, value in Score.objects.filter(
+        workspace=workspace,
+        name=name,
+        source=ScoreSource.EVALUATOR,
+        value__isnull=False,
+        trajectory__trace_id__in=list(human),
+    ).values_list("trajectory__trace_id", "value"):
+        if value is not None:
+            machine.setdefault(trace_id, []).append(value)
+    for trace_id, value in RunScore.objects.filter(
+        sample__item__run__workspace=workspace,
+        evaluator_name=name,
+        score__isnull=False,
+        sample__trace_id__in=list(human),
+    ).values_list("sample__trace_id", "score"):
+        if value is not None:
+            machine.setdefault(trace_id, []).append(value)
+    both = sorted(set(human) & set(machine))
+    return EvaluatorCalibration(
+        name=name,
+        calibration=judges.judge_calibration(
+            [sum(machine[t]) / len(machine[t]) for t in both],
+            [sum(human[t]) / len(human[t]) for t in both],
+            threshold=threshold,
+        ),
+        skipped=skipped,
+    )

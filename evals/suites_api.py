@@ -523,6 +523,36 @@ def evaluator_versions_api(request: HttpRequest, name: str) -> Any:
     return [_evaluator_out(evaluator) for evaluator in versions]
 
 
+class CalibrationOut(Schema):
+    name: str
+    n: int
+    agreement: float | None
+    cohen_kappa: float | None
+    pearson: float | None
+    spearman: float | None
+    mean_absolute_error: float | None
+    skipped: int
+
+
+@router.get("/evaluators/{name}/calibration", auth=READ, response={200: CalibrationOut, **ERRORS})
+def evaluator_calibration_api(request: HttpRequest, name: str) -> Any:
+    """The evaluator against people: on trajectories both scored (human scores named like the evaluator,
+    in 0..1), pass/fail agreement, Cohen's kappa, Pearson and Spearman correlation, mean absolute error."""
+    selectors.evaluator_versions(workspace=request_workspace(request), name=name, agent_ids=request_agent_ids(request))
+    found = selectors.evaluator_calibration(workspace=request_workspace(request), name=name)
+    figures = found.calibration
+    return {
+        "name": name,
+        "n": figures.n,
+        "agreement": figures.agreement,
+        "cohen_kappa": figures.cohen_kappa,
+        "pearson": figures.pearson,
+        "spearman": figures.spearman,
+        "mean_absolute_error": figures.mean_absolute_error,
+        "skipped": found.skipped,
+    }
+
+
 @router.post("/evaluators/{name}/versions", auth=WRITE, response={201: EvaluatorOut, **ERRORS})
 def evaluator_version_create_api(request: HttpRequest, name: str, payload: EvaluatorVersionIn) -> Any:
     latest = selectors.evaluator_versions(

@@ -233,3 +233,37 @@ def test_suites_and_rules_are_proposed_from_the_evaluation_commitment(gateway: G
     again = services.suites_propose(agent=gateway.agent)
     assert again.suites == []
     assert again.rules == []
+
+
+# --- Calibration ----------------------------------------------------------------------------------------
+
+
+def test_an_evaluators_calibration_compares_it_with_people_on_the_same_trajectories(
+    gateway: Gateway, fake: FakeGatewayLLM, api_client_for: Any
+) -> None:
+    from evals import selectors
+
+    rule = _rule(gateway)
+    trace_ids = _traffic(gateway, 4)
+    online.rule_tick(rule=rule, now=timezone.now() + timedelta(seconds=1))  # the evaluator says 1.0 for all four
+    people = {trace_ids[0]: 1.0, trace_ids[1]: 1.0, trace_ids[2]: 0.0, trace_ids[3]: 3.0}  # 3.0 is off-scale
+    for trace_id, value in people.items():
+        tracing_services.score_create(
+            trajectory=Trajectory.objects.get(trace_id=trace_id),
+            name="mentions_receipt",
+            data_type="numeric",
+            value=value,
+            source=ScoreSource.HUMAN,
+        )
+
+    found = selectors.evaluator_calibration(workspace=gateway.workspace, name="mentions_receipt")
+
+    assert found.skipped == 1
+    assert found.calibration.n == 3
+    assert found.calibration.agreement == pytest.approx(2 / 3)
+    assert found.calibration.mean_absolute_error == pytest.approx(1 / 3)
+    assert found.calibration.cohen_kappa == pytest.approx(0.0)  # always "pass": no better than chance
+    assert found.calibration.pearson is None  # the evaluator never varies
+    client = api_client_for(gateway.workspace, scopes=("read",))
+    body = client.get("/api/v1/evaluators/mentions_receipt/calibration").json()
+    assert (body["n"], body["skipped"]) == (3, 1)

@@ -239,6 +239,7 @@ def test_a_proposal_makes_suites_from_the_commitment(client: Client, gateway: Ga
 
 NAMED = [
     ("GET", "/api/v1/evaluators/{name}/versions", None),
+    ("GET", "/api/v1/evaluators/{name}/calibration", None),
     ("POST", "/api/v1/evaluators/{name}/versions", {"config": {"type": "exact_match"}}),
     ("GET", "/api/v1/suites/{name}", None),
     ("PATCH", "/api/v1/suites/{name}", {"samples": 2}),
