@@ -24,8 +24,9 @@ from django.utils import timezone
 from agent_registry import selectors as registry_selectors
 from agent_registry.models import PromptVersion, Role, User, Workspace
 from evals import online, regressions, runs, services
-from evals.models import Dataset, RunTrigger, Suite
-from tracing.models import Trajectory, TrajectoryStatus
+from evals.models import Dataset, OnlineEvaluation, OnlineRule, RunTrigger, Suite
+from tracing import services as tracing_services
+from tracing.models import ScoreDataType, ScoreSource, Trajectory, TrajectoryStatus
 
 DATASET = "ride-support-regressions"
 PRODUCTION_CASES = 6
@@ -183,3 +184,30 @@ def _suites_seed(workspace: Workspace, owner: User) -> None:
 
     for rule in proposal.rules:
         online.rule_backfill(rule=rule, start=timezone.now() - timedelta(days=2), end=timezone.now())
+        _reviews_seed(rule, owner)
+
+
+# Of the trajectories the audit rule scored, how many a support lead also rated by hand.
+REVIEWED = 10
+
+
+def _reviews_seed(rule: OnlineRule, owner: User) -> None:
+    """A support lead rates some of the judged trajectories by hand, as calibration needs: mostly as the
+    judge did, but not always (every fourth rating disagrees)."""
+    judged = "action_appropriateness"
+    evaluations = OnlineEvaluation.objects.filter(rule=rule).order_by("trajectory_ended_at", "pk")[:REVIEWED]
+    for index, evaluation in enumerate(evaluations):
+        verdict = next((r for r in evaluation.results if r["evaluator"] == judged and r["score"] is not None), None)
+        if verdict is None:
+            continue
+        agrees = index % 4 != 3
+        passed = verdict["score"] >= 0.5
+        tracing_services.score_create(
+            trajectory=Trajectory.objects.get(workspace_id=rule.workspace_id, trace_id=evaluation.trace_id),
+            name=judged,
+            data_type=ScoreDataType.NUMERIC,
+            value=1.0 if passed == agrees else 0.0,
+            comment="support lead's rating",
+            source=ScoreSource.HUMAN,
+            created_by=owner,
+        )

@@ -64,8 +64,12 @@ def test_the_ride_suite_is_proposed_and_run_on_both_prompt_versions_with_k_4(see
             assert overall["errored_samples"] == 0, (name, overall)
             assert set(overall["pass_at_k"]) == {"1", "4"}
         assert run.report[names[0]]["worst_groups"]["language"] is not None
-    # The online rule scored production trajectories.
+    # The online rule scored production trajectories, and a person rated some of them too.
     assert OnlineEvaluation.objects.filter(rule__workspace=seeded).exists()
+    calibration = selectors.evaluator_calibration(workspace=seeded, name="action_appropriateness").calibration
+    assert calibration.n >= 4
+    assert calibration.agreement is not None
+    assert calibration.agreement < 1
     # The shopping assistant's proposal waits for a dataset.
     shopping = Suite.objects.get(workspace=seeded, name="shopping-assistant-output-quality")
     assert shopping.dataset is None
