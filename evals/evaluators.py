@@ -33,6 +33,8 @@ TYPES: tuple[str, ...] = (
 )
 # Types that read a model: a provider outage pauses a run that uses them.
 MODEL_TYPES = frozenset(judges.JUDGE_TYPES)
+# Types that compare two outputs: they compare runs, and cannot score a run's samples.
+PAIRWISE_TYPES = frozenset({"pairwise_judge"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,13 +157,24 @@ def _construct(config: Mapping[str, Any], *, complete_for: Callable[[str | None]
     return verifiers.evaluator_from_config(config)
 
 
-def build(snapshot: Snapshot, *, workspace_id: int, agent_id: int | None) -> Built:
-    """The evaluator of a snapshot; judge models are the named model targets (or the agent's judge)."""
-
+def _complete_for(workspace_id: int, agent_id: int | None) -> Callable[[str | None], judges.Complete]:
     def complete_for(alias: str | None) -> judges.Complete:
         return _model_text(_judge_target(workspace_id=workspace_id, agent_id=agent_id, alias=alias))
 
-    built = _construct(snapshot.config, complete_for=complete_for)
+    return complete_for
+
+
+def build_pairwise(snapshot: Snapshot, *, workspace_id: int, agent_id: int | None) -> judges.PairwiseJudge:
+    """A pairwise judge, for comparing two runs' answers."""
+    built = _construct(snapshot.config, complete_for=_complete_for(workspace_id, agent_id))
+    if not isinstance(built, judges.PairwiseJudge):
+        raise EvaluatorConfigError("type", f"{snapshot.type} is not a pairwise judge")
+    return built
+
+
+def build(snapshot: Snapshot, *, workspace_id: int, agent_id: int | None) -> Built:
+    """The evaluator of a snapshot; judge models are the named model targets (or the agent's judge)."""
+    built = _construct(snapshot.config, complete_for=_complete_for(workspace_id, agent_id))
     if judges.is_group_evaluator(built):
         return Built(snapshot, group=built)
     if not isinstance(built, verifiers.Evaluator):

@@ -39,6 +39,7 @@ from agent_registry.models import ApiKey, PromptLabel, PromptVersion, Scope, Use
 from config.errors import KeelError
 from evals import evaluators, exceptions, metrics, selectors, verifiers
 from evals.models import (
+    Evaluator,
     Run,
     RunItem,
     RunItemStatus,
@@ -782,6 +783,71 @@ def run_progress(*, run: Run) -> dict[str, Any]:
 
 def item_scores(*, run: Run, evaluator: str) -> dict[str, float | None]:
     return metrics.item_scores(item_results(run=run, evaluator=evaluator))
+
+
+PAIRWISE_LIMIT = 100  # items a pairwise comparison judges (two judge calls each, in the request)
+
+
+def _first_answers(run: Run, limit: int) -> dict[int, tuple[RunItem, RunSample]]:
+    found: dict[int, tuple[RunItem, RunSample]] = {}
+    samples = (
+        RunSample.objects.filter(item__run=run, error="").select_related("item").order_by("item__position", "sample")
+    )
+    for sample in samples:
+        if sample.item.position not in found:
+            found[sample.item.position] = (sample.item, sample)
+            if len(found) >= limit:
+                break
+    return found
+
+
+def runs_compare_pairwise(
+    *, baseline: Run, candidate: Run, evaluator: Evaluator, limit: int = PAIRWISE_LIMIT
+) -> dict[str, Any]:
+    """The candidate's answers against the baseline's, item by item (the first answered sample of each),
+    by a pairwise judge asked in both orders: a win only when both orders agree. Raises ModelUnavailable
+    when the judge's model cannot be reached."""
+    judge = evaluators.build_pairwise(
+        evaluators.Snapshot.of(evaluator), workspace_id=candidate.workspace_id, agent_id=candidate.agent_id
+    )
+    a_answers, b_answers = _first_answers(baseline, limit), _first_answers(candidate, limit)
+    tally = {"candidate_wins": 0, "baseline_wins": 0, "ties": 0, "inconsistent": 0, "position_bias": 0, "errored": 0}
+    details = []
+    for position in sorted(a_answers.keys() & b_answers.keys()):
+        item, a = a_answers[position]
+        _, b = b_answers[position]
+        verdict = judge.compare(
+            _eval_item(item), eval_output(a.output, a.output_text), eval_output(b.output, b.output_text)
+        )
+        if verdict.error:
+            tally["errored"] += 1
+        elif verdict.winner == "b":
+            tally["candidate_wins"] += 1
+        elif verdict.winner == "a":
+            tally["baseline_wins"] += 1
+        else:
+            tally["ties"] += 1
+        tally["inconsistent"] += 0 if verdict.consistent or verdict.error else 1
+        tally["position_bias"] += 1 if verdict.position_bias else 0
+        details.append(
+            {
+                "position": position,
+                "winner": {"a": "baseline", "b": "candidate", "tie": "tie"}[verdict.winner],
+                "consistent": verdict.consistent,
+                "position_bias": verdict.position_bias,
+                "reasoning": list(verdict.reasoning),
+                "error": verdict.error,
+            }
+        )
+    decided = tally["candidate_wins"] + tally["baseline_wins"]
+    return {
+        "evaluator": evaluator.name,
+        "version": evaluator.version,
+        "items": len(details),
+        **tally,
+        "candidate_win_rate": tally["candidate_wins"] / decided if decided else None,
+        "details": details,
+    }
 
 
 def runs_compare(*, baseline: Run, candidate: Run, evaluators_named: Iterable[str] | None = None) -> dict[str, Any]:

@@ -372,9 +372,16 @@ def _suite_problems(suite: Suite) -> list[dict[str, str]]:
 
 
 def _suite_evaluators_set(suite: Suite, chosen: Sequence[Evaluator]) -> None:
+    from evals import evaluators
+
     if any(evaluator.workspace_id != suite.workspace_id for evaluator in chosen):
         raise exceptions.SuiteInvalid(
             "an evaluator of another workspace", errors=[{"field": "evaluators", "message": "unknown evaluator"}]
+        )
+    if any(evaluator.type in evaluators.PAIRWISE_TYPES for evaluator in chosen):
+        raise exceptions.SuiteInvalid(
+            "a pairwise judge compares two runs (GET /runs/compare?judge=...); it cannot score a suite's samples",
+            errors=[{"field": "evaluators", "message": "a pairwise judge cannot be a suite's evaluator"}],
         )
     names = [evaluator.name for evaluator in chosen]
     if len(set(names)) != len(names):

@@ -17,8 +17,8 @@ from agent_registry import selectors as registry_selectors
 from agent_registry.auth import key_auth, request_agent_ids, request_api_key, request_workspace
 from agent_registry.models import Agent, PromptVersion, Scope
 from agent_registry.schemas import ErrorOut
-from config.errors import NotFound, PermissionDenied, ValidationFailed
-from evals import gym, interchange, online, runs, selectors, services
+from config.errors import NotFound, PermissionDenied, Unavailable, ValidationFailed
+from evals import evaluators, gym, interchange, online, runs, selectors, services
 from evals.models import (
     DATASET_NAME_PATTERN,
     EVALUATOR_NAME_PATTERN,
@@ -45,6 +45,7 @@ ERRORS: dict[int, type[Schema]] = {
     409: ErrorOut,
     413: ErrorOut,
     422: ErrorOut,
+    503: ErrorOut,
 }
 
 
@@ -185,6 +186,7 @@ class ItemsQuery(Schema):
 class CompareQuery(Schema):
     baseline: int
     candidate: int
+    judge: str | None = Field(default=None, description="a pairwise judge evaluator to also compare the answers")
 
 
 class ImportQuery(Schema):
@@ -676,7 +678,17 @@ def run_list_api(request: HttpRequest, query: Query[RunListQuery]) -> Any:
 def run_compare_api(request: HttpRequest, query: Query[CompareQuery]) -> Any:
     """The candidate against the baseline on the items both ran: per evaluator, the mean delta with its
     bootstrap interval and the paired sign-flip test's p-value."""
-    return runs.runs_compare(baseline=_run(request, query.baseline), candidate=_run(request, query.candidate))
+    baseline, candidate = _run(request, query.baseline), _run(request, query.candidate)
+    comparison = runs.runs_compare(baseline=baseline, candidate=candidate)
+    if query.judge:
+        (judge,) = _evaluators(request, [query.judge])
+        try:
+            comparison["pairwise"] = runs.runs_compare_pairwise(baseline=baseline, candidate=candidate, evaluator=judge)
+        except evaluators.EvaluatorConfigError as error:
+            raise ValidationFailed(str(error), errors=[{"field": "judge", "message": error.message}]) from None
+        except evaluators.ModelUnavailable as error:
+            raise Unavailable(f"the judge's model cannot be reached: {error}") from None
+    return comparison
 
 
 @router.post(

@@ -188,6 +188,37 @@ def test_two_runs_are_compared_and_rollouts_round_trip_with_the_same_pass_at_k(
     assert again["mean"] == pytest.approx(original["mean"])
 
 
+def test_a_pairwise_judge_compares_two_runs_answers_in_both_orders(
+    client: Client, suite: dict[str, Any], fake: FakeGatewayLLM, no_dispatch: Any
+) -> None:
+    from routing.tests.fakes import say
+
+    _script(fake, ["ok"] * 16)
+    a = post(client, "/api/v1/suites/answers/runs", {}).json()["id"]
+    runs.run_execute(run_id=a)
+    b = post(client, "/api/v1/suites/answers/runs", {}).json()["id"]
+    runs.run_execute(run_id=b)
+    created = post(
+        client, "/api/v1/evaluators", {"name": "prefer", "config": {"type": "pairwise_judge", "model": "fast"}}
+    )
+    assert created.status_code == 201, created.content
+    # Per item, the judge is asked (baseline, candidate) and then (candidate, baseline).
+    orders = [("2", "1"), ("1", "1"), ("tie", "tie"), ("2", "1")]
+    fake.script("fast", *[say(json.dumps({"reasoning": "r", "winner": w})) for pair in orders for w in pair])
+
+    response = client.get(f"/api/v1/runs/compare?baseline={a}&candidate={b}&judge=prefer")
+
+    assert response.status_code == 200, response.content
+    pairwise = response.json()["pairwise"]
+    assert pairwise["items"] == 4
+    assert (pairwise["candidate_wins"], pairwise["baseline_wins"], pairwise["ties"]) == (2, 0, 2)
+    assert (pairwise["inconsistent"], pairwise["position_bias"]) == (1, 1)
+    assert pairwise["candidate_win_rate"] == 1.0
+    # A pairwise judge cannot be a suite's evaluator.
+    refused = patch(client, "/api/v1/suites/answers", {"evaluators": ["says_ok", "prefer"]})
+    assert (refused.status_code, refused.json()["errors"][0]["field"]) == (422, "evaluators")
+
+
 def test_a_malformed_rollouts_file_names_the_line_and_imports_nothing(client: Client, gateway: Gateway) -> None:
     before = (Run.objects.count(), RunItem.objects.count())
     body = b'{"responses_create_params": {"input": "hi"}, "reward": 1}\n{"responses_create_params": {"input": "x"}}\n'
