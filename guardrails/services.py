@@ -40,6 +40,7 @@ from guardrails.models import (
     GuardrailViolation,
 )
 from guardrails.pii import pseudonym_for
+from routing import hooks
 from routing import selectors as routing_selectors
 from routing.models import ModelTarget
 
@@ -94,6 +95,11 @@ def _derived_policy(version_id: int | None, requirements: Requirements | None) -
 
 
 def guardrail_policy_get(*, agent: Agent) -> EffectivePolicy:
+    """The agent's effective policy; read once per gateway request (a request sees one policy throughout)."""
+    return hooks.request_memo(("guardrail_policy", agent.pk), lambda: _policy_read(agent))
+
+
+def _policy_read(agent: Agent) -> EffectivePolicy:
     # Parsed once per requirements version (routing's cache), not on every call.
     requirements = routing_selectors.requirements_of(agent=agent)
     derived = _derived_policy(agent.current_requirements_id, requirements)

@@ -703,8 +703,9 @@ def chat_completion(
 ) -> GatewayAnswer:
     """Serve one non-streamed chat request. Raises KeelError subclasses (404 unknown model, 422 missing
     prompt variables, 409 tier not configured, 502 provider failed) after recording the failure."""
-    plan, target = _plan(api_key=api_key, request=request, conversation_id=conversation_id, pin=pin)
-    body, result = _execute(plan, target)
+    with hooks.request_scope():
+        plan, target = _plan(api_key=api_key, request=request, conversation_id=conversation_id, pin=pin)
+        body, result = _execute(plan, target)
     cost = result.cost_usd
     return GatewayAnswer(
         body=body,

@@ -7,12 +7,48 @@ budgets plug in the same way, as a `Guard`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+import contextvars
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from agent_registry.models import Agent
+
+
+T = TypeVar("T")
+
+# --- Request scope -----------------------------------------------------------------------------------
+#
+# Within one gateway request, what a hook reads about the agent (its guardrail policy, say) cannot change
+# in a way the request should see half of; `request_memo` lets a hook read it once per request instead of
+# once per check. Outside a request scope it reads every time.
+
+_request_memo: contextvars.ContextVar[dict[Hashable, Any] | None] = contextvars.ContextVar(
+    "keel_gateway_request_memo", default=None
+)
+
+
+@contextlib.contextmanager
+def request_scope() -> Iterator[None]:
+    """One gateway request: values memoised with `request_memo` live until it ends."""
+    token = _request_memo.set({})
+    try:
+        yield
+    finally:
+        _request_memo.reset(token)
+
+
+def request_memo(key: Hashable, read: Callable[[], T]) -> T:
+    """`read()`, once per request scope for `key` (every time outside a scope)."""
+    memo = _request_memo.get()
+    if memo is None:
+        return read()
+    if key not in memo:
+        memo[key] = read()
+    value: T = memo[key]
+    return value
 
 
 @dataclass(frozen=True, slots=True)
