@@ -37,6 +37,9 @@ _SECTIONS = (
     ("guardrail_violation", "guardrail_violations"),
     ("guardrail_approval", "guardrail_approvals"),
     ("guardrail_budget", "guardrail_budgets"),
+    ("eval_run", "eval_runs"),
+    ("eval_online_rule", "eval_online_rules"),
+    ("eval", "eval_suites"),
 )
 
 

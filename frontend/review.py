@@ -16,14 +16,15 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from agent_registry import selectors
 from agent_registry.models import Membership
+from evals import selectors as evals_selectors
 from frontend.access import HtmxHttpRequest, membership_can_edit, workspace_view
+from frontend.evals_forms import DatasetAddForm
 from frontend.triage_forms import ReviewDecisionForm, ReviewSampleForm
 from frontend.views import _render, step_through_context
 from tracing import exceptions, sampling, triage
 from tracing.models import ReviewItem, ReviewItemStatus, ReviewSample
 
-# Shown on the queue, disabled: what these buttons will do arrives with the evals and trainer issues.
-DATASET_TOOLTIP = "Adding to an eval dataset arrives with evals (datasets are not in Keel yet)."
+# Shown on the queue, disabled: what this button will do arrives with the trainer issue.
 CURATION_TOOLTIP = "Adding to a training curation arrives with the trainer bridge (curations are not in Keel yet)."
 
 
@@ -77,18 +78,43 @@ def review_list_view(request: HtmxHttpRequest, membership: Membership) -> HttpRe
     )
 
 
-@workspace_view()
-@require_GET
-def review_sample_view(request: HtmxHttpRequest, membership: Membership, sample_id: int) -> HttpResponse:
-    sample = triage.review_sample_get(workspace=membership.workspace, sample_id=sample_id)
+def sample_page(
+    request: HtmxHttpRequest,
+    membership: Membership,
+    sample: ReviewSample,
+    *,
+    dataset_form: DatasetAddForm | None = None,
+    dataset_position: int | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    """A queue's rows, each with an "Add to dataset" control; `dataset_form` is the one a row posted
+    (`dataset_position`), shown there with its errors."""
     items = list(triage.review_item_list(sample=sample))
     upcoming = triage.review_item_next(sample=sample)
+    datasets = list(evals_selectors.dataset_list(workspace=membership.workspace))
     return _render(
         request,
         membership,
         "frontend/review/sample.html",
-        {"sample": sample, "items": items, "upcoming": upcoming, "done": _decided(sample)},
+        {
+            "sample": sample,
+            "items": items,
+            "upcoming": upcoming,
+            "done": _decided(sample),
+            "can_add_to_dataset": membership_can_edit(membership),
+            "blank_dataset_form": DatasetAddForm(datasets=datasets),
+            "dataset_form": dataset_form,
+            "dataset_position": dataset_position,
+        },
+        status=status,
     )
+
+
+@workspace_view()
+@require_GET
+def review_sample_view(request: HtmxHttpRequest, membership: Membership, sample_id: int) -> HttpResponse:
+    sample = triage.review_sample_get(workspace=membership.workspace, sample_id=sample_id)
+    return sample_page(request, membership, sample)
 
 
 def _decided(sample: ReviewSample) -> int:
@@ -145,7 +171,8 @@ def _item_page(
             "previous": positions[index - 1] if index > 0 else None,
             "next": positions[index + 1] if index + 1 < len(positions) else None,
             "can_review": membership_can_edit(membership),
-            "dataset_tooltip": DATASET_TOOLTIP,
+            "can_add_to_dataset": membership_can_edit(membership),
+            "dataset_form": DatasetAddForm(datasets=list(evals_selectors.dataset_list(workspace=membership.workspace))),
             "curation_tooltip": CURATION_TOOLTIP,
         },
         status=status,

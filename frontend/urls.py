@@ -1,6 +1,15 @@
 from django.urls import URLPattern, URLResolver, include, path
 
-from frontend import alerts, guardrails_views, review, routing_views, settings_views, triage_views, views
+from frontend import (
+    alerts,
+    evals_views,
+    guardrails_views,
+    review,
+    routing_views,
+    settings_views,
+    triage_views,
+    views,
+)
 
 app_name = "frontend"
 
@@ -34,12 +43,18 @@ review_patterns: list[URLPattern | URLResolver] = [
     path("informativeness/", review.review_informativeness_view, name="review_informativeness"),
     path("<int:sample_id>/", review.review_sample_view, name="review_sample"),
     path("<int:sample_id>/items/<int:position>/", review.review_item_view, name="review_item"),
+    path(
+        "<int:sample_id>/items/<int:position>/dataset/",
+        evals_views.review_dataset_add_view,
+        name="review_dataset_add",
+    ),
 ]
 
 trajectory_patterns: list[URLPattern | URLResolver] = [
     path("", views.trajectory_detail_view, name="trajectory_detail"),
     path("scores/", views.trajectory_score_create_view, name="trajectory_score_create"),
     path("replays/", views.trajectory_replay_create_view, name="trajectory_replay_create"),
+    path("dataset/", evals_views.trajectory_dataset_add_view, name="trajectory_dataset_add"),
 ]
 
 prompt_patterns: list[URLPattern | URLResolver] = [
@@ -98,6 +113,28 @@ guardrail_patterns: list[URLPattern | URLResolver] = [
     ),
 ]
 
+eval_patterns: list[URLPattern | URLResolver] = [
+    path("", evals_views.eval_overview_view, name="eval_overview"),
+    path("propose/", evals_views.eval_suites_propose_view, name="eval_suites_propose"),
+    path("suites/new/", evals_views.eval_suite_create_view, name="eval_suite_create"),
+    path("suites/<str:name>/", evals_views.eval_suite_detail_view, name="eval_suite_detail"),
+    path("suites/<str:name>/edit/", evals_views.eval_suite_edit_view, name="eval_suite_edit"),
+    path("suites/<str:name>/run/", evals_views.eval_suite_run_view, name="eval_suite_run"),
+    path("runs/", evals_views.eval_run_list_view, name="eval_run_list"),
+    path("runs/<int:run_id>/", evals_views.eval_run_detail_view, name="eval_run_detail"),
+    path("runs/<int:run_id>/progress/", evals_views.eval_run_progress_view, name="eval_run_progress"),
+    path("runs/<int:run_id>/cancel/", evals_views.eval_run_cancel_view, name="eval_run_cancel"),
+    path("runs/<int:run_id>/resume/", evals_views.eval_run_resume_view, name="eval_run_resume"),
+    path("compare/", evals_views.eval_run_compare_view, name="eval_run_compare"),
+    path("online-rules/", evals_views.eval_online_rule_list_view, name="eval_online_rule_list"),
+    path("online-rules/<str:name>/", evals_views.eval_online_rule_edit_view, name="eval_online_rule_edit"),
+    path(
+        "online-rules/<str:name>/backfill/",
+        evals_views.eval_online_rule_backfill_view,
+        name="eval_online_rule_backfill",
+    ),
+]
+
 workspace_patterns: list[URLPattern | URLResolver] = [
     path("", views.workspace_home_view, name="workspace_home"),
     path("agents/", views.agent_list_view, name="agent_list"),
@@ -117,6 +154,7 @@ workspace_patterns: list[URLPattern | URLResolver] = [
     path("integrations/", include(integration_patterns)),
     path("", include(routing_patterns)),
     path("guardrails/", include(guardrail_patterns)),
+    path("evals/", include(eval_patterns)),
 ]
 
 urlpatterns: list[URLPattern | URLResolver] = [

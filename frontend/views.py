@@ -35,9 +35,11 @@ from agent_registry.models import (
     User,
 )
 from config.errors import KeelError
+from evals import selectors as evals_selectors
 from frontend import forms
 from frontend import trajectories as display
 from frontend.access import HtmxHttpRequest, membership_can_edit, workspace_view
+from frontend.evals_forms import DatasetAddForm
 from frontend.templatetags import keel as keel_tags
 from tracing import replay
 from tracing import selectors as tracing_selectors
@@ -954,6 +956,7 @@ def _trajectory_page(
     score_form: forms.ScoreForm | None = None,
     replay_form: forms.ReplayForm | None = None,
     status: int = 200,
+    dataset_form: DatasetAddForm | None = None,
 ) -> HttpResponse:
     context = step_through_context(request, trajectory)
     steps: list[display.StepView] = context["steps"]
@@ -961,6 +964,8 @@ def _trajectory_page(
     can_edit = membership_can_edit(membership)
     if replay_form is None and can_edit:
         replay_form = _replay_form(membership, trajectory)
+    if dataset_form is None and can_edit:
+        dataset_form = DatasetAddForm(datasets=list(evals_selectors.dataset_list(workspace=membership.workspace)))
     scores = list(tracing_selectors.trajectory_score_list(trajectory=trajectory))
     step_of_span = display.first_step_of_span(steps)
     score_form = score_form or forms.ScoreForm()
@@ -982,6 +987,7 @@ def _trajectory_page(
             "prompt_versions": list(tracing_selectors.trajectory_prompt_version_list(trajectory=trajectory)),
             "score_target": score_target,
             "replay_form": replay_form,
+            "dataset_form": dataset_form,
             "replays": list(tracing_selectors.replay_list(trajectory=trajectory)),
             "made_by": tracing_selectors.replay_of_trajectory(trajectory=trajectory)
             if trajectory.replay_of_id

@@ -1,8 +1,8 @@
 """Two workspaces, each with an agent that has requirements, a prompt with two versions, a key, a recorded
 trajectory with a pending replay, a paused Langfuse mirror with a failed delivery, a model price, a model
 target with a key, a router configuration with a chain step and a tool, a routing decision with a shadow
-run, an open hand-off and a cache hit, a guardrail violation, a pending approval request and a budget, and a
-client per role in the first."""
+run, an open hand-off and a cache hit, a guardrail violation, a pending approval request and a budget, an
+eval suite with a queued run and an online rule, and a client per role in the first."""
 
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ from agent_registry.tests.factories import (
     UserFactory,
     requirements_answers,
 )
+from evals import dataset_items, online, runs
+from evals import services as eval_services
+from evals.models import Dataset, DatasetVersion, OnlineRule, Run, RunStatus, Suite, SuiteTarget
 from frontend.tests import traces
 from guardrails import services as guardrail_services
 from guardrails.models import ApprovalEvent, ApprovalRequest, Budget, GuardrailPolicy, GuardrailViolation
@@ -92,6 +95,9 @@ class Tenant:
     violation: GuardrailViolation
     approval: ApprovalRequest
     budget: Budget
+    suite: Suite
+    eval_run: Run
+    online_rule: OnlineRule
 
 
 TENANT_LANGFUSE_SECRET = "sk-lf-tenant-secret"
@@ -158,6 +164,7 @@ def _tenant(workspace: Workspace, author: User) -> Tenant:
     )
     rule = AlertRuleFactory.create(agent=agent, name="Loop rate", signal="loop", min_trajectories=1)
     target, tool, decision, handoff, hit = _routing(agent, trajectory)
+    suite, eval_run, online_rule = _evals(agent)
     return Tenant(
         workspace=workspace,
         agent=agent,
@@ -186,7 +193,40 @@ def _tenant(workspace: Workspace, author: User) -> Tenant:
         budget=BudgetFactory.create(
             workspace=workspace, scope="workspace", scope_value="", period="month", limit_usd=Decimal("10")
         ),
+        suite=suite,
+        eval_run=eval_run,
+        online_rule=online_rule,
     )
+
+
+def _evals(agent: Agent) -> tuple[Suite, Run, OnlineRule]:
+    """A suite on a two-item dataset with a queued run (no worker runs it), and an online rule."""
+    workspace = agent.workspace
+    evaluator = eval_services.evaluator_create(
+        workspace=workspace, name="says_ok", config={"type": "regex", "pattern": "ok"}
+    )
+    dataset = eval_services.dataset_create(workspace=workspace, name="regressions", agent=agent)
+    eval_services.dataset_version_create_from_items(
+        dataset=dataset,
+        items=[
+            dataset_items.ItemData(task="Where is my receipt?", metadata={"tags": {"language": "en"}}),
+            dataset_items.ItemData(task="¿Dónde está mi recibo?", metadata={"tags": {"language": "es"}}),
+        ],
+    )
+    suite = eval_services.suite_create(
+        workspace=workspace,
+        name="answers",
+        agent=agent,
+        dataset=dataset,
+        target=SuiteTarget.RECORDED,
+        evaluators_used=[evaluator],
+    )
+    run = runs.run_create(suite=suite, dispatch=False)
+    # Paused as a provider outage pauses a run (evals.runs), so that it can be resumed or cancelled.
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.PAUSED, pause_reason="fast: connection refused")
+    run.refresh_from_db()
+    rule = online.online_rule_create(agent=agent, name="audit", evaluators_used=[evaluator])
+    return suite, run, rule
 
 
 TENANT_PROVIDER_KEY = "sk-tenant-provider-key"
@@ -328,6 +368,16 @@ def page_urls(tenant: Tenant) -> dict[str, str]:
         "guardrail_approval_list": f"/w/{ws}/guardrails/approvals/",
         "guardrail_approval_detail": f"/w/{ws}/guardrails/approvals/{tenant.approval.pk}/",
         "guardrail_budget_list": f"/w/{ws}/guardrails/budgets/",
+        "eval_overview": f"/w/{ws}/evals/",
+        "eval_suite_create": f"/w/{ws}/evals/suites/new/",
+        "eval_suite_detail": f"/w/{ws}/evals/suites/{tenant.suite.name}/",
+        "eval_suite_edit": f"/w/{ws}/evals/suites/{tenant.suite.name}/edit/",
+        "eval_run_list": f"/w/{ws}/evals/runs/",
+        "eval_run_detail": f"/w/{ws}/evals/runs/{tenant.eval_run.pk}/",
+        "eval_run_progress": f"/w/{ws}/evals/runs/{tenant.eval_run.pk}/progress/",
+        "eval_run_compare": f"/w/{ws}/evals/compare/?b={tenant.eval_run.pk}",
+        "eval_online_rule_list": f"/w/{ws}/evals/online-rules/",
+        "eval_online_rule_edit": f"/w/{ws}/evals/online-rules/{tenant.online_rule.name}/",
     }
 
 
@@ -504,6 +554,46 @@ def post_cases(tenant: Tenant) -> dict[str, tuple[str, dict[str, Any]]]:
             {"scope": "agent", "period": "day", "agent": str(tenant.agent.pk), "limit_usd": "5"},
         ),
         "guardrail_budget_delete": (f"/w/{ws}/guardrails/budgets/{tenant.budget.pk}/delete/", {}),
+        "eval_suites_propose": (f"/w/{ws}/evals/propose/", {"agent": agent}),
+        "eval_suite_save_new": (
+            f"/w/{ws}/evals/suites/new/",
+            {
+                "name": "nightly",
+                "agent": agent,
+                "dataset": "regressions",
+                "target": "recorded",
+                "samples": "1",
+                "concurrency": "1",
+                "evaluators": ["says_ok"],
+            },
+        ),
+        "eval_suite_save": (
+            f"/w/{ws}/evals/suites/{tenant.suite.name}/edit/",
+            {
+                "dataset": "regressions",
+                "target": "recorded",
+                "samples": "2",
+                "concurrency": "1",
+                "evaluators": ["says_ok"],
+            },
+        ),
+        "eval_suite_run": (f"/w/{ws}/evals/suites/{tenant.suite.name}/run/", {}),
+        "eval_run_cancel": (f"/w/{ws}/evals/runs/{tenant.eval_run.pk}/cancel/", {}),
+        "eval_run_resume": (f"/w/{ws}/evals/runs/{tenant.eval_run.pk}/resume/", {}),
+        "eval_online_rule_create": (
+            f"/w/{ws}/evals/online-rules/",
+            {"name": "audit-2", "agent": agent, "evaluators": ["says_ok"], "sample_rate": "1", "delay_seconds": "60"},
+        ),
+        "eval_online_rule_save": (
+            f"/w/{ws}/evals/online-rules/{tenant.online_rule.name}/",
+            {"evaluators": ["says_ok"], "sample_rate": "0.5", "delay_seconds": "60"},
+        ),
+        "eval_online_rule_backfill": (
+            f"/w/{ws}/evals/online-rules/{tenant.online_rule.name}/backfill/",
+            {"start": "2026-01-01T00:00", "end": "2026-01-02T00:00"},
+        ),
+        "trajectory_dataset_add": (f"/w/{ws}/trajectories/{trace_id}/dataset/", {"dataset": "regressions"}),
+        "review_dataset_add": (f"/w/{ws}/review/{tenant.sample.pk}/items/1/dataset/", {"new_name": "from-review"}),
     }
 
 
@@ -568,4 +658,11 @@ def db_state() -> dict[str, list[Any]]:
                 "pk", "scope", "scope_value", "period", "limit_usd", "limit_tokens"
             )
         ),
+        "eval_suites": list(
+            Suite.objects.order_by("pk").values_list("pk", "name", "samples", "schedule_cron", "dataset_id")
+        ),
+        "eval_runs": list(Run.objects.order_by("pk").values_list("pk", "status", "resume_after")),
+        "online_rules": list(OnlineRule.objects.order_by("pk").values_list("pk", "name", "sample_rate", "enabled")),
+        "datasets": list(Dataset.objects.order_by("pk").values_list("pk", "name")),
+        "dataset_versions": list(DatasetVersion.objects.order_by("pk").values_list("pk", "version")),
     }

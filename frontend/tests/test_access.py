@@ -67,6 +67,16 @@ PAGES = [
     "guardrail_approval_list",
     "guardrail_approval_detail",
     "guardrail_budget_list",
+    "eval_overview",
+    "eval_suite_create",
+    "eval_suite_detail",
+    "eval_suite_edit",
+    "eval_run_list",
+    "eval_run_detail",
+    "eval_run_progress",
+    "eval_run_compare",
+    "eval_online_rule_list",
+    "eval_online_rule_edit",
 ]
 POSTS = [
     "agent_create",
@@ -111,7 +121,22 @@ POSTS = [
     "guardrail_approval_decide",
     "guardrail_budget_create",
     "guardrail_budget_delete",
+    "eval_suites_propose",
+    "eval_suite_save_new",
+    "eval_suite_save",
+    "eval_suite_run",
+    "eval_run_cancel",
+    "eval_run_resume",
+    "eval_online_rule_create",
+    "eval_online_rule_save",
+    "eval_online_rule_backfill",
+    "trajectory_dataset_add",
+    "review_dataset_add",
 ]
+# Pages that answer JSON for a page's script rather than HTML.
+JSON_PAGES = {"eval_run_progress"}
+# Writes that only enqueue work once the transaction commits (test_evals_views.py checks what they queue).
+ENQUEUE_POSTS = {"eval_online_rule_backfill"}
 # The writes that need the owner role.
 OWNER_POSTS = [
     "apikey_create",
@@ -147,6 +172,10 @@ ROUTE_OF = {
     "agent_guardrails_save": "agent_guardrails",
     "guardrail_violation_list_filtered": "guardrail_violation_list",
     "guardrail_budget_create": "guardrail_budget_list",
+    "eval_suite_save_new": "eval_suite_create",
+    "eval_suite_save": "eval_suite_edit",
+    "eval_online_rule_create": "eval_online_rule_list",
+    "eval_online_rule_save": "eval_online_rule_edit",
 }
 
 
@@ -173,7 +202,8 @@ def test_every_page_renders_for_a_member(tenant, member_client, page):
     response = member_client.get(page_urls(tenant)[page])
 
     assert response.status_code == 200
-    assert tenant.workspace.name.encode() in response.content
+    if page not in JSON_PAGES:
+        assert tenant.workspace.name.encode() in response.content
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -278,7 +308,7 @@ def test_the_same_writes_succeed_for_a_member(tenant, member_client, case):
     response = member_client.post(url, data)
 
     assert response.status_code in (200, 302), response.content.decode()[:2000]
-    if case != "requirements_validate":
+    if case != "requirements_validate" and case not in ENQUEUE_POSTS:
         assert db_state() != before
 
 

@@ -118,7 +118,9 @@ def test_an_incomplete_decision_is_refused_and_changes_nothing(tenant, member_cl
     assert db_state() == before
 
 
-def test_the_item_page_offers_the_fired_signals_first_and_the_later_buttons_disabled(tenant, member_client, flagged):
+def test_the_item_page_offers_the_fired_signals_first_add_to_dataset_and_curation_disabled(
+    tenant, member_client, flagged
+):
     sample = _queue(tenant, 3)
     loop_item = ReviewItem.objects.get(sample=sample, trajectory=flagged[0])
 
@@ -130,9 +132,9 @@ def test_the_item_page_offers_the_fired_signals_first_and_the_later_buttons_disa
     assert options[9].key is None
     content = response.content.decode()
     assert 'data-key="1"' in content
-    assert "Add to eval dataset</button>" in content
-    assert content.count("disabled aria-disabled") == 2
-    assert "arrives with evals" in content
+    assert 'id="dataset-title">Add to eval dataset</h3>' in content
+    assert content.count("disabled aria-disabled") == 1
+    assert "Add to training curation</button>" in content
     assert "<kbd>y</kbd>" in content
     assert response.context["number"] == loop_item.position
     assert 'id="steps"' in content
