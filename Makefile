@@ -18,7 +18,7 @@ install: $(VENV)/.installed frontend/node_modules/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,trainer]"
 	touch $@
 
 frontend/node_modules/.installed: frontend/package.json frontend/package-lock.json
