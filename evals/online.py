@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
@@ -270,11 +271,10 @@ def online_rule_create(
     )
     try:
         rule.full_clean(exclude=["workspace", "agent"], validate_constraints=False)
-    except Exception as error:  # noqa: BLE001 - Django's ValidationError, reported per field
-        messages = getattr(error, "message_dict", {"name": [str(error)]})
+    except DjangoValidationError as error:
         raise exceptions.OnlineRuleInvalid(
             "invalid online rule",
-            errors=[{"field": key, "message": "; ".join(value)} for key, value in messages.items()],
+            errors=[{"field": key, "message": "; ".join(value)} for key, value in error.message_dict.items()],
         ) from None
     rule.save()
     rule.evaluators.set(evaluators_used)

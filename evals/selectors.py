@@ -7,7 +7,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from django.db.models import Model, OuterRef, Prefetch, QuerySet, Subquery
+from django.db.models import Model, OuterRef, Prefetch, Q, QuerySet, Subquery
 
 from agent_registry.models import Workspace
 from evals import dataset_items, exceptions, judges
@@ -161,6 +161,7 @@ def run_list(
     suite: Suite | None = None,
     status: str | None = None,
     limit: int = 50,
+    offset: int = 0,
 ) -> list[Run]:
     runs = _scoped(Run.objects.filter(workspace=workspace), agent_ids)
     if suite is not None:
@@ -170,7 +171,7 @@ def run_list(
     return list(
         runs.select_related("suite", "agent", "prompt_version__prompt", "dataset_version__dataset").order_by(
             "-created_at", "-pk"
-        )[:limit]
+        )[offset : offset + limit]
     )
 
 
@@ -224,11 +225,22 @@ def online_rule_get(*, workspace: Workspace, name: str, agent_ids: AgentIds = No
     return rule
 
 
-def regression_list(*, workspace: Workspace, agent_ids: AgentIds = None, limit: int = 50) -> list[RegressionAlert]:
+def regression_list(
+    *,
+    workspace: Workspace,
+    agent_ids: AgentIds = None,
+    run: Run | None = None,
+    suite: Suite | None = None,
+    limit: int = 50,
+) -> list[RegressionAlert]:
+    """Regression alerts, newest first; of one run (as candidate or baseline) or one suite when given."""
+    alerts = _scoped(RegressionAlert.objects.filter(workspace=workspace), agent_ids)
+    if run is not None:
+        alerts = alerts.filter(Q(candidate_run=run) | Q(baseline_run=run))
+    if suite is not None:
+        alerts = alerts.filter(suite=suite)
     return list(
-        _scoped(RegressionAlert.objects.filter(workspace=workspace), agent_ids)
-        .select_related("suite", "agent", "baseline_run", "candidate_run")
-        .order_by("-created_at")[:limit]
+        alerts.select_related("suite", "agent", "baseline_run", "candidate_run").order_by("-created_at")[:limit]
     )
 
 

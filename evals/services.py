@@ -61,7 +61,13 @@ def dataset_create(
         created_by=created_by,
         created_via_key=created_via_key,
     )
-    dataset.full_clean(validate_constraints=False)
+    try:
+        dataset.full_clean(validate_constraints=False)
+    except DjangoValidationError as error:
+        raise exceptions.DatasetInvalid(
+            "invalid dataset",
+            errors=[{"field": key, "message": "; ".join(value)} for key, value in error.message_dict.items()],
+        ) from None
     if Dataset.objects.filter(workspace=workspace, name=name).exists():
         raise exceptions.DatasetExists(f"a dataset named {name!r} exists")
     try:

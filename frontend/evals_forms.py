@@ -52,6 +52,12 @@ class SuiteForm(forms.Form):
         required=False, choices=[("", "The router decides"), *((tier, tier) for tier in TIERS)], label="Tier"
     )
     model_target = forms.ChoiceField(required=False, label="Model target", help_text="For a model target suite.")
+    variables = forms.CharField(
+        required=False,
+        label="Prompt variables (JSON)",
+        widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false", "placeholder": '{"company": "Acme Rides"}'}),
+        help_text="Sent with every request; an item's metadata.variables add to them.",
+    )
     evaluators = forms.MultipleChoiceField(
         required=False,
         widget=forms.CheckboxSelectMultiple,
@@ -131,6 +137,7 @@ class SuiteForm(forms.Form):
             "prompt_version": str(suite.prompt_version_id or ""),
             "tier": suite.tier,
             "model_target": suite.model_target.alias if suite.model_target else "",
+            "variables": json.dumps(suite.variables, ensure_ascii=False) if suite.variables else "",
             "evaluators": [link.evaluator.name for link in suite.suite_evaluators.all()],
             "samples": suite.samples,
             "concurrency": suite.concurrency,
@@ -143,6 +150,18 @@ class SuiteForm(forms.Form):
         if not re.match(DATASET_NAME_PATTERN, name):
             raise forms.ValidationError("Use letters, digits, '.', '_' and '-', starting with a letter or digit.")
         return name
+
+    def clean_variables(self) -> dict[str, Any]:
+        text = (self.cleaned_data.get("variables") or "").strip()
+        if not text:
+            return {}
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise forms.ValidationError(f"Not JSON: {error.msg} (line {error.lineno}, column {error.colno}).") from None
+        if not isinstance(value, dict):
+            raise forms.ValidationError('An object of variable name to value, e.g. {"company": "Acme Rides"}.')
+        return value
 
     def agent_chosen(self) -> Agent | None:
         return self.agents.get(self.cleaned_data.get("agent") or "")
@@ -162,6 +181,7 @@ class SuiteForm(forms.Form):
             "prompt_version": self.prompt_versions.get(data["prompt_version"] or ""),
             "tier": data["tier"],
             "model_target": self.model_targets.get(data["model_target"] or ""),
+            "variables": data["variables"],
             "samples": data["samples"],
             "concurrency": data["concurrency"],
             "schedule_cron": data["schedule_cron"].strip(),

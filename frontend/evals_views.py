@@ -143,11 +143,7 @@ def _evaluator_reports(run: Run) -> list[EvaluatorReport]:
 
 
 def _run_alerts(workspace: Workspace, run: Run) -> list[RegressionAlert]:
-    return [
-        alert
-        for alert in selectors.regression_list(workspace=workspace, limit=200)
-        if run.pk in (alert.candidate_run_id, alert.baseline_run_id)
-    ]
+    return selectors.regression_list(workspace=workspace, run=run)
 
 
 def _previous_completed(workspace: Workspace, run: Run) -> Run | None:
@@ -402,11 +398,7 @@ def eval_suite_detail_view(request: HtmxHttpRequest, membership: Membership, nam
             "charts": charts,
             "chart_data": {"charts": [chart.data for chart in charts]},
             "runs": selectors.run_list(workspace=workspace, suite=suite, limit=RUNS_SHOWN),
-            "regressions": [
-                alert
-                for alert in selectors.regression_list(workspace=workspace, limit=200)
-                if alert.suite_id == suite.pk
-            ],
+            "regressions": selectors.regression_list(workspace=workspace, suite=suite),
         },
     )
 

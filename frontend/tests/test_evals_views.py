@@ -304,6 +304,25 @@ def test_editing_a_suite_changes_k_and_the_schedule(gateway, member, suite):
     assert (suite.samples, suite.schedule_cron, suite.schedule_enabled) == (8, "hourly", True)
 
 
+def test_a_suites_prompt_variables_are_edited_as_json(gateway, member, suite):
+    data = _suite_post(variables='{"company": "Acme Rides"}')
+    del data["name"], data["agent"]
+    assert member.post(f"/w/{gateway.workspace.slug}/evals/suites/answers/edit/", data).status_code == 302
+    suite.refresh_from_db()
+    assert suite.variables == {"company": "Acme Rides"}
+
+    before = _evals_state()
+    for bad, message in (('{"company": ', "Not JSON"), ('["Acme"]', "An object of variable name")):
+        data = _suite_post(variables=bad)
+        del data["name"], data["agent"]
+        response = member.post(f"/w/{gateway.workspace.slug}/evals/suites/answers/edit/", data)
+        assert response.status_code == 422
+        assert message in " ".join(response.context["form"].errors["variables"])
+    assert _evals_state() == before
+    suite.refresh_from_db()
+    assert suite.variables == {"company": "Acme Rides"}
+
+
 def test_a_bad_edit_changes_nothing(gateway, member, suite):
     before = _evals_state()
     data = _suite_post(schedule_cron="61 * * * *")
