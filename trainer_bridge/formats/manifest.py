@@ -1,0 +1,101 @@
+"""The manifest that travels with an exported file: what it holds, how it was curated, and its checksum.
+
+Pure module, no Django. `HashingWriter` wraps the file being written and hashes the bytes as they pass,
+so the sha256 costs no second read of the file; `export_write` runs a format's writer through it and
+returns the `Manifest`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from importlib import metadata
+from typing import IO, Any, Final, cast
+
+from typing_extensions import Buffer
+
+from trainer_bridge.formats.base import DEFAULT_REWARD_THRESHOLD, Counts
+from trainer_bridge.groups import Group
+
+DISTRIBUTION: Final = "keel"  # pyproject.toml's [project] name
+
+
+def keel_version() -> str:
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
+class HashingWriter(io.RawIOBase):
+    """A binary sink that forwards every write to `out` and keeps its sha256 and `size` in bytes."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        super().__init__()
+        self._out = out
+        self._hash = hashlib.sha256()
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Buffer, /) -> int:
+        view = memoryview(data).cast("B")
+        self._out.write(view)
+        self._hash.update(view)
+        self.size += len(view)
+        return len(view)
+
+    @property
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    format: str
+    curation: Mapping[str, Any]  # the filters, the threshold, the preview: what the caller wants on record
+    counts: Counts
+    sha256: str
+    size: int  # bytes
+    keel_version: str
+    created_at: datetime
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["created_at"] = self.created_at.isoformat()
+        return data
+
+    def as_json(self) -> bytes:
+        return json.dumps(self.as_dict(), ensure_ascii=False, indent=2, sort_keys=True, default=str).encode("utf-8")
+
+
+def export_write(
+    groups: Iterable[Group],
+    out: IO[bytes],
+    *,
+    format_name: str,
+    curation: Mapping[str, Any],
+    created_at: datetime,
+    threshold: float = DEFAULT_REWARD_THRESHOLD,
+) -> Manifest:
+    """Write the groups in the named format to `out` and describe the result. Call the format's `check` on
+    the preview first: this writes whatever the groups give."""
+    from trainer_bridge.formats import format_get  # the registry imports this module
+
+    export_format = format_get(format_name)
+    sink = HashingWriter(out)
+    counts = export_format.write(groups, cast(IO[bytes], sink), threshold=threshold)
+    return Manifest(
+        format=export_format.name,
+        curation=dict(curation),
+        counts=counts,
+        sha256=sink.sha256,
+        size=sink.size,
+        keel_version=keel_version(),
+        created_at=created_at,
+    )
