@@ -267,8 +267,11 @@ def size_bounds(groups: Iterable[Group], minimum: int = 1, maximum: int | None =
 
 
 def _trajectory_text(rollout: Rollout) -> str:
+    """What the rollout itself did, from its first assistant turn on: rollouts of one task share their
+    system prompt and request, which would make any two of them look alike."""
+    start = next((i for i, message in enumerate(rollout.messages) if message.get("role") == "assistant"), 0)
     parts: list[str] = []
-    for message in rollout.messages:
+    for message in rollout.messages[start:]:
         parts.append(message_text(message))
         for name, arguments in tool_call_sequence([message]):
             parts.append(f"{name} {arguments}")
