@@ -49,7 +49,7 @@ import random
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -505,7 +505,6 @@ class _Run:
     tokenizer: Any
     device: torch.device
     pad_id: int
-    stats: Metrics = field(default_factory=dict)
 
     def tokenize(self, conversation: Conversation) -> TokenizedConversation:
         return conversation_tokenize(self.tokenizer, conversation, max_length=self.config.max_length)
@@ -761,10 +760,10 @@ def train(
     model.train()
     run = _Run(config=config, model=model, tokenizer=tokenizer, device=device, pad_id=int(tokenizer.pad_token_id))
 
-    paths = [Path(export_path)]
+    export = Path(export_path)
     method: _GroupRelative | _Supervised | _Preference
     if config.method == "grpo":
-        groups = art_groups_read(paths[0])
+        groups = art_groups_read(export)
         if validation_path is not None:
             groups += [
                 TrajectoryGroup(g.conversations, g.rewards, "validation")
@@ -772,12 +771,12 @@ def train(
             ]
         method = _GroupRelative(run, groups)
     elif config.method == "sft":
-        rows = sft_rows_read(paths[0])
+        rows = sft_rows_read(export)
         if validation_path is not None:
             rows += [(c, "validation") for c, _ in sft_rows_read(Path(validation_path))]
         method = _Supervised(run, rows)
     else:
-        pairs = dpo_pairs_read(paths[0])
+        pairs = dpo_pairs_read(export)
         if validation_path is not None:
             pairs += [PreferencePair(p.chosen, p.rejected, "validation") for p in dpo_pairs_read(Path(validation_path))]
         method = _Preference(run, pairs)
