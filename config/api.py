@@ -24,6 +24,7 @@ from tracing.alerts_api import router as alerts_router
 from tracing.api import router as tracing_router
 from tracing.langfuse_api import router as langfuse_mirror_router
 from tracing.triage_api import router as triage_router
+from trainer_bridge.api import router as training_router
 
 logger = logging.getLogger("config.api")
 
@@ -120,6 +121,7 @@ api.add_router("/", routing_router)
 api.add_router("/", guardrails_router)
 api.add_router("/", evals_router)
 api.add_router("/", eval_suites_router)
+api.add_router("/", training_router)
 _install_error_handlers(api)
 
 langfuse_api = NinjaAPI(

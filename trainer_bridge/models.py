@@ -118,7 +118,9 @@ class TrainingJob(models.Model):
         "evals.Dataset", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     status = models.CharField(max_length=12, choices=JobStatus.choices, default=JobStatus.QUEUED)
-    worker = models.CharField(max_length=200, blank=True)  # who holds it now
+    worker = models.CharField(max_length=200, blank=True)  # who holds it now: the name it gave
+    # The key the holding worker authenticates with: a worker's later calls are matched by it.
+    claimed_via_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     lease_seconds = models.PositiveIntegerField(default=300)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveSmallIntegerField(default=0)

@@ -77,6 +77,11 @@ def _filters(data: Mapping[str, Any]) -> groups.Filters:
         raise CurationInvalid(str(error), errors=[{"field": "filters", "message": str(error)}]) from None
 
 
+def curation_validate(*, query: Any, grouping: Any, reward: Any, filters: Any) -> None:
+    """Raise `CurationInvalid` naming each bad field of a curation's settings."""
+    _curation_check(query=query, grouping=grouping, reward=reward, filters=filters)
+
+
 def _curation_check(*, query: Any, grouping: Any, reward: Any, filters: Any) -> None:
     problems = curation_query.curation_problems(query=query, grouping=grouping, reward=reward)
     if not isinstance(filters, Mapping):

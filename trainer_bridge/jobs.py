@@ -1,0 +1,309 @@
+"""Training jobs: made from an export, claimed by a GPU worker over HTTP (trainer_bridge/worker.py has the
+protocol), reported on step by step, and, when they succeed, registered as a model target with an eval
+run that compares it with the incumbent.
+
+A job belongs to the worker that claimed it while its heartbeats keep coming; one whose heartbeats stop
+for `lease_seconds` goes back to the queue and the next claim takes it (attempts count up). A worker is
+known by the API key it calls with (give each worker its own key): any call about a job from a key that
+does not hold it, or after the lease lapsed, is a 409, so a worker that lost its job stops.
+
+The reward-hacking watch: a job is flagged when, between two validation scores, the training reward
+went up while the validation score went down by more than `HACKING_MARGIN`. The training reward is the
+worker's `policy_reward` (the recorded rewards weighted by how much the policy now prefers each
+completion; the recorded rewards themselves cannot move), else `reward_mean`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from agent_registry.models import ApiKey, User
+from config.errors import Conflict, NotFound, ValidationFailed
+from trainer_bridge.models import Export, JobStatus, TrainingJob, TrainingMethod, TrainingMetric
+
+logger = logging.getLogger("trainer_bridge.jobs")
+
+HACKING_MARGIN = 0.02
+MAX_ATTEMPTS = 3
+MAX_ADAPTER_BYTES = 2 * 1024**3
+# Export formats each method trains on.
+METHOD_FORMATS = {TrainingMethod.GRPO: ("art",), TrainingMethod.SFT: ("trl_sft",), TrainingMethod.DPO: ("trl_dpo",)}
+
+
+class JobInvalid(ValidationFailed):
+    code = "training_job_invalid"
+
+
+class JobNotFound(NotFound):
+    code = "training_job_not_found"
+
+
+class JobNotHeld(Conflict):
+    """The worker does not hold the job (never claimed it, or its lease lapsed and another did)."""
+
+    code = "training_job_not_held"
+
+
+def _config_problems(method: str, config: Mapping[str, Any]) -> list[dict[str, str]]:
+    from trainer_bridge import training  # torch: loaded only where jobs are made
+
+    try:
+        training.TrainingConfig.from_dict({**config, "method": method})
+    except training.TrainingConfigError as error:
+        return [{"field": f"config.{error.field}", "message": str(error).split(": ", 1)[-1]}]
+    except (TypeError, ValueError) as error:
+        return [{"field": "config", "message": str(error)}]
+    return []
+
+
+def job_create(
+    *,
+    export: Export,
+    method: str,
+    base_model: str,
+    config: Mapping[str, Any] | None = None,
+    name: str = "",
+    lease_seconds: int = 300,
+    serve: Mapping[str, Any] | None = None,
+    compare_suite: str = "",
+    created_by: User | None = None,
+    created_via_key: ApiKey | None = None,
+) -> TrainingJob:
+    """A queued job. `serve` says how the trained adapter will be served ({"model": litellm model string,
+    "api_base"?}) so Keel can register it as a model target; `compare_suite` names the eval suite whose runs
+    compare it with the incumbent."""
+    config = dict(config or {})
+    problems: list[dict[str, str]] = []
+    if method not in TrainingMethod.values:
+        problems.append({"field": "method", "message": f"must be one of {', '.join(TrainingMethod.values)}"})
+    elif export.format not in METHOD_FORMATS[TrainingMethod(method)]:
+        wanted = " or ".join(METHOD_FORMATS[TrainingMethod(method)])
+        problems.append({"field": "export", "message": f"{method} trains on a {wanted} export, not {export.format}"})
+    else:
+        problems += _config_problems(method, config)
+    if export.status != JobStatus.SUCCEEDED:
+        problems.append({"field": "export", "message": f"the export is {export.status}, not finished"})
+    if not base_model.strip():
+        problems.append({"field": "base_model", "message": "name the base model (a path or hub id the GPU has)"})
+    if not 30 <= lease_seconds <= 24 * 3600:
+        problems.append({"field": "lease_seconds", "message": "30 seconds to a day"})
+    if serve is not None and not isinstance(serve.get("model"), str):
+        problems.append({"field": "serve.model", "message": "the litellm model string that will serve the adapter"})
+    if problems:
+        raise JobInvalid(f"invalid training job: {problems[0]['field']}: {problems[0]['message']}", errors=problems)
+    return TrainingJob.objects.create(
+        workspace_id=export.workspace_id,
+        export=export,
+        name=name,
+        method=method,
+        base_model=base_model.strip(),
+        config={
+            **config,
+            **({"serve": dict(serve)} if serve else {}),
+            **({"compare_suite": compare_suite} if compare_suite else {}),
+        },
+        lease_seconds=lease_seconds,
+        created_by=created_by,
+        created_via_key=created_via_key,
+    )
+
+
+def job_claim(*, api_key: ApiKey, worker: str) -> TrainingJob | None:
+    """The oldest job waiting in the workspace (or whose worker's heartbeats stopped), now this worker's."""
+    now = timezone.now()
+    with transaction.atomic():
+        candidates = (
+            TrainingJob.objects.select_for_update(skip_locked=True)
+            .filter(workspace_id=api_key.workspace_id, attempts__lt=MAX_ATTEMPTS)
+            .filter(
+                Q(status=JobStatus.QUEUED) | Q(status=JobStatus.RUNNING, heartbeat_at__lt=now - timedelta(seconds=30))
+            )
+            .order_by("created_at", "pk")
+        )
+        job = next(
+            (
+                candidate
+                for candidate in candidates[:50]
+                if candidate.status == JobStatus.QUEUED
+                or candidate.heartbeat_at is None
+                or candidate.heartbeat_at < now - timedelta(seconds=candidate.lease_seconds)
+            ),
+            None,
+        )
+        if job is None:
+            return None
+        job.status = JobStatus.RUNNING
+        job.worker = worker[:200]
+        job.claimed_via_key = api_key
+        job.heartbeat_at = now
+        job.attempts += 1
+        job.started_at = job.started_at or now
+        job.save(update_fields=["status", "worker", "claimed_via_key", "heartbeat_at", "attempts", "started_at"])
+    return job
+
+
+def _held(job: TrainingJob, api_key: ApiKey) -> TrainingJob:
+    job.refresh_from_db()
+    lapsed = job.heartbeat_at is None or job.heartbeat_at < timezone.now() - timedelta(seconds=job.lease_seconds)
+    if job.status != JobStatus.RUNNING or job.claimed_via_key_id != api_key.pk or lapsed:
+        raise JobNotHeld(f"training job {job.pk} is not held by this key's worker ({job.status})")
+    return job
+
+
+def job_heartbeat(*, job: TrainingJob, api_key: ApiKey) -> TrainingJob:
+    job = _held(job, api_key)
+    TrainingJob.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now())
+    return job
+
+
+def _flag_check(job: TrainingJob) -> None:
+    """Flag the job when the reward rose while the validation score fell, between its last two validations."""
+    points = [
+        (metric.step, metric.values)
+        for metric in TrainingMetric.objects.filter(job=job).order_by("step")
+        if metric.values.get("validation_score") is not None
+    ]
+    if len(points) < 2:
+        return
+    (earlier_step, earlier), (later_step, later) = points[-2], points[-1]
+    rewards = {
+        metric.step: metric.values.get("policy_reward", metric.values.get("reward_mean"))
+        for metric in TrainingMetric.objects.filter(job=job, step__gte=earlier_step, step__lte=later_step)
+        if metric.values.get("policy_reward", metric.values.get("reward_mean")) is not None
+    }
+    if len(rewards) < 2:
+        return
+    first, last = rewards[min(rewards)], rewards[max(rewards)]
+    fell = earlier["validation_score"] - later["validation_score"]
+    if last > first and fell > HACKING_MARGIN:
+        reason = (
+            f"between steps {earlier_step} and {later_step} the training reward rose from {first:.3f} to {last:.3f} "
+            f"while the validation score fell from {earlier['validation_score']:.3f} to "
+            f"{later['validation_score']:.3f}: the policy may be exploiting the reward"
+        )
+        TrainingJob.objects.filter(pk=job.pk, flagged=False).update(flagged=True, flag_reason=reason)
+
+
+def job_metrics_record(*, job: TrainingJob, api_key: ApiKey, step: int, values: Mapping[str, Any]) -> TrainingMetric:
+    job = _held(job, api_key)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise JobInvalid("step must be a whole number, 0 or more", errors=[{"field": "step", "message": "not a step"}])
+    clean = {
+        str(key): value
+        for key, value in values.items()
+        if value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+    }
+    metric, _ = TrainingMetric.objects.update_or_create(job=job, step=step, defaults={"values": clean})
+    TrainingJob.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now(), steps_done=max(job.steps_done, step))
+    _flag_check(job)
+    return metric
+
+
+def adapter_dir() -> Path:
+    folder = Path(settings.MEDIA_ROOT) / "adapters"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def job_adapter_store(
+    *, job: TrainingJob, api_key: ApiKey, content: bytes | None = None, location: str = ""
+) -> TrainingJob:
+    job = _held(job, api_key)
+    if content is not None:
+        if len(content) > MAX_ADAPTER_BYTES:
+            raise JobInvalid("the adapter is too large", errors=[{"field": "body", "message": "over 2 GiB"}])
+        if content[:2] != b"\x1f\x8b":
+            raise JobInvalid("send the adapter as a tar.gz", errors=[{"field": "body", "message": "not gzip"}])
+        path = adapter_dir() / f"job-{job.pk}-adapter.tar.gz"
+        partial = path.with_suffix(".partial")
+        partial.write_bytes(content)
+        partial.replace(path)
+        TrainingJob.objects.filter(pk=job.pk).update(adapter_path=str(path))
+    elif location:
+        TrainingJob.objects.filter(pk=job.pk).update(adapter_location=location[:1000])
+    else:
+        raise JobInvalid("send the adapter or its location", errors=[{"field": "body", "message": "empty"}])
+    job.refresh_from_db()
+    return job
+
+
+def _register(job: TrainingJob) -> None:
+    """The trained model as a model target (when the job says how it is served), and an eval run of the
+    comparison suite on it with the suite's latest run as the incumbent baseline."""
+    from evals import runs
+    from evals.models import Run, RunStatus, Suite, SuiteTarget
+    from routing import services as routing_services
+
+    serve = job.config.get("serve")
+    if not isinstance(serve, Mapping):
+        return
+    target = routing_services.model_target_create(
+        workspace=job.workspace,
+        alias=f"trained-{job.pk}",
+        model=str(serve["model"]),
+        api_base=str(serve.get("api_base") or ""),
+        tier="single_call",
+    )
+    TrainingJob.objects.filter(pk=job.pk).update(model_target=target)
+    suite_name = job.config.get("compare_suite")
+    suite = Suite.objects.filter(workspace=job.workspace, name=suite_name).first() if suite_name else None
+    if suite is None or suite.dataset is None:
+        return
+    incumbent = Run.objects.filter(suite=suite, status=RunStatus.COMPLETED).order_by("-finished_at").first()
+    candidate_suite, _ = Suite.objects.get_or_create(
+        workspace=job.workspace,
+        name=f"{suite.name}-trained-{job.pk}"[:200],
+        defaults={
+            "agent": suite.agent,
+            "description": f"{suite.name} on the model trained by job {job.pk}",
+            "dataset": suite.dataset,
+            "dataset_version": suite.dataset_version,
+            "target": SuiteTarget.MODEL_TARGET,
+            "model_target": target,
+            "samples": suite.samples,
+            "concurrency": suite.concurrency,
+            "variables": suite.variables,
+        },
+    )
+    if not candidate_suite.suite_evaluators.exists():
+        for link in suite.suite_evaluators.all():
+            candidate_suite.suite_evaluators.create(evaluator=link.evaluator, position=link.position)
+    run = runs.run_create(suite=candidate_suite, idempotency_key=f"training-job-{job.pk}")
+    if incumbent is not None:
+        Run.objects.filter(pk=run.pk).update(baseline=incumbent)
+    TrainingJob.objects.filter(pk=job.pk).update(comparison_run=run)
+
+
+@transaction.atomic
+def job_finish(*, job: TrainingJob, api_key: ApiKey, status: str, error: str = "") -> TrainingJob:
+    job = _held(job, api_key)
+    if status not in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+        raise JobInvalid("status is succeeded or failed", errors=[{"field": "status", "message": "unknown"}])
+    if status == JobStatus.SUCCEEDED and not (job.adapter_path or job.adapter_location):
+        raise JobInvalid(
+            "a job succeeds with its adapter: upload it (or its location) first",
+            errors=[{"field": "status", "message": "no adapter yet"}],
+        )
+    TrainingJob.objects.filter(pk=job.pk).update(status=status, error=error[:4000], finished_at=timezone.now())
+    job.refresh_from_db()
+    if status == JobStatus.SUCCEEDED:
+        _register(job)
+        job.refresh_from_db()
+    return job
+
+
+def job_cancel(*, job: TrainingJob) -> TrainingJob:
+    TrainingJob.objects.filter(pk=job.pk, status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).update(
+        status=JobStatus.CANCELLED, finished_at=timezone.now()
+    )
+    job.refresh_from_db()
+    return job

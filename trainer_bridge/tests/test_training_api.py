@@ -1,0 +1,159 @@
+"""The whole path on the CPU: an eval run's answers are curated into groups, exported as ART through the
+API, a training job is made, the real GPU worker command (here on the CPU, with a tiny model this test
+builds) claims it from a live Keel, trains, reports and uploads, and Keel registers the trained model as a
+model target with an eval run against the incumbent. Also the worker side's refusals (409)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+from django.test import Client
+
+from agent_registry import services as registry_services
+from evals.models import Run, RunStatus
+from routing.models import ModelTarget
+from trainer_bridge import jobs, services, worker
+from trainer_bridge.models import JobStatus, TrainingJob
+from trainer_bridge.tests.test_exports import _curation, fake, gateway, media, run  # noqa: F401 - fixtures
+from trainer_bridge.tiny import tiny_model_dir, toy_corpus
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _client(workspace: Any, scopes: tuple[str, ...] = ("read", "write")) -> tuple[Client, str]:
+    _, raw = registry_services.apikey_create(workspace=workspace, name="trainer", scopes=list(scopes))
+    return Client(headers={"Authorization": f"Bearer {raw}"}), raw
+
+
+def _post(client: Client, path: str, body: Any) -> Any:
+    return client.post(path, data=json.dumps(body), content_type="application/json")
+
+
+def test_from_curation_to_a_registered_model_target_through_the_worker(
+    gateway: Any,  # noqa: F811
+    run: Any,  # noqa: F811
+    live_server: Any,
+    tmp_path: Path,
+) -> None:
+    client, raw = _client(gateway.workspace)
+    curation = _curation(gateway, run)
+    preview = client.get(f"/api/v1/curations/{curation.name}/preview").json()
+    assert preview["groups"] == 2
+    with mock.patch("trainer_bridge.tasks.export_execute.delay"):
+        queued = _post(client, f"/api/v1/curations/{curation.name}/exports", {"format": "art"})
+    assert queued.status_code == 202, queued.content
+    services.export_execute(export_id=queued.json()["id"])
+    export = client.get(f"/api/v1/exports/{queued.json()['id']}").json()
+    assert export["status"] == "succeeded"
+
+    base = tiny_model_dir(tmp_path / "base", vocab_corpus=toy_corpus())
+    created = _post(
+        client,
+        "/api/v1/training-jobs",
+        {
+            "export": export["id"],
+            "method": "grpo",
+            "base_model": str(base),
+            "config": {"steps": 3, "batch_size": 2, "validation_every": 2},
+            "serve": {"model": "openai/ride-support-grpo", "api_base": "http://127.0.0.1:9/v1"},
+            "compare_suite": run.suite.name,
+        },
+    )
+    assert created.status_code == 201, created.content
+    job_id = created.json()["id"]
+
+    # The worker command, as a GPU machine runs it (the comparison run it leads to is queued, not executed).
+    with mock.patch("evals.runs.run_dispatch"):
+        code = worker.main(["--api", live_server.url, "--key", raw, "--once", "--work-dir", str(tmp_path / "work")])
+
+    assert code == 0
+    job = TrainingJob.objects.get(pk=job_id)
+    assert job.status == JobStatus.SUCCEEDED, job.error
+    assert job.steps_done == 3
+    steps = {metric.step: metric.values for metric in job.metrics.all()}
+    assert {1, 2, 3} <= set(steps)
+    assert {"loss", "reward_mean", "reward_std", "advantage_mean", "kl", "policy_reward"} <= set(steps[1])
+    assert Path(job.adapter_path).read_bytes()[:2] == b"\x1f\x8b"
+    target = ModelTarget.objects.get(pk=job.model_target_id)
+    assert (target.alias, target.model) == (f"trained-{job.pk}", "openai/ride-support-grpo")
+    comparison = Run.objects.get(pk=job.comparison_run_id)
+    assert comparison.model_target_id == target.pk
+    assert comparison.baseline_id == run.pk
+    assert comparison.status == RunStatus.QUEUED
+    shown = client.get(f"/api/v1/training-jobs/{job_id}").json()
+    assert shown["model_target"] == target.alias
+    assert [point["step"] for point in shown["metrics"]] == sorted(steps)
+
+
+def test_a_worker_that_does_not_hold_the_job_gets_409(gateway: Any, run: Any) -> None:  # noqa: F811
+    client, _ = _client(gateway.workspace)
+    other, _ = _client(gateway.workspace)
+    curation = _curation(gateway, run)
+    with mock.patch("trainer_bridge.tasks.export_execute.delay"):
+        export_id = _post(client, f"/api/v1/curations/{curation.name}/exports", {"format": "art"}).json()["id"]
+    services.export_execute(export_id=export_id)
+    job_id = _post(
+        client, "/api/v1/training-jobs", {"export": export_id, "method": "grpo", "base_model": "tiny", "config": {}}
+    ).json()["id"]
+
+    claimed = _post(client, "/api/v1/training-jobs/claim", {"worker": "gpu-1"})
+    assert (claimed.status_code, claimed.json()["id"]) == (200, job_id)
+    assert _post(other, "/api/v1/training-jobs/claim", {"worker": "gpu-2"}).status_code == 204
+
+    for path, body in (
+        (f"/api/v1/training-jobs/{job_id}/heartbeat", {}),
+        (f"/api/v1/training-jobs/{job_id}/metrics", {"step": 1, "metrics": {"loss": 1.0}}),
+        (f"/api/v1/training-jobs/{job_id}/finish", {"status": "failed", "error": "not mine"}),
+    ):
+        refused = _post(other, path, body)
+        assert (refused.status_code, refused.json()["code"]) == (409, "training_job_not_held"), path
+    assert TrainingJob.objects.get(pk=job_id).status == JobStatus.RUNNING
+    assert _post(client, f"/api/v1/training-jobs/{job_id}/heartbeat", {}).status_code == 204
+    # Succeeding needs the adapter first.
+    early = _post(client, f"/api/v1/training-jobs/{job_id}/finish", {"status": "succeeded"})
+    assert (early.status_code, early.json()["errors"][0]["field"]) == (422, "status")
+
+
+def test_a_job_on_the_wrong_export_format_is_refused(gateway: Any, run: Any) -> None:  # noqa: F811
+    curation = _curation(gateway, run)
+    export = services.export_create(curation=curation, format="trl_sft", dispatch=False)
+    services.export_execute(export_id=export.pk)
+    export.refresh_from_db()
+    with pytest.raises(jobs.JobInvalid) as refused:
+        jobs.job_create(export=export, method="grpo", base_model="tiny")
+    assert refused.value.extra["errors"][0]["field"] == "export"
+    with pytest.raises(jobs.JobInvalid) as bad_config:
+        jobs.job_create(export=export, method="sft", base_model="tiny", config={"steps": 0, "colour": "red"})
+    assert bad_config.value.extra["errors"][0]["field"].startswith("config.")
+
+
+def test_reward_rising_while_validation_falls_flags_the_job(gateway: Any, run: Any) -> None:  # noqa: F811
+    curation = _curation(gateway, run)
+    export = services.export_create(curation=curation, format="art", dispatch=False)
+    services.export_execute(export_id=export.pk)
+    export.refresh_from_db()
+    job = jobs.job_create(export=export, method="grpo", base_model="tiny")
+    _, raw = _client(gateway.workspace)
+    key = registry_services.apikey_authenticate(raw_key=raw)
+    assert key is not None
+    assert jobs.job_claim(api_key=key, worker="gpu") is not None
+    series = [
+        (0, {"validation_score": 0.60}),
+        (1, {"policy_reward": 0.40}),
+        (2, {"policy_reward": 0.55, "validation_score": 0.62}),
+        (3, {"policy_reward": 0.70}),
+        (4, {"policy_reward": 0.85, "validation_score": 0.50}),
+    ]
+    for step, values in series[:3]:
+        jobs.job_metrics_record(job=job, api_key=key, step=step, values=values)
+    job.refresh_from_db()
+    assert not job.flagged
+    for step, values in series[3:]:
+        jobs.job_metrics_record(job=job, api_key=key, step=step, values=values)
+    job.refresh_from_db()
+    assert job.flagged
+    assert "0.620 to 0.500" in job.flag_reason
