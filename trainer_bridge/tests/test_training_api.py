@@ -78,6 +78,8 @@ def test_from_curation_to_a_registered_model_target_through_the_worker(
     assert {1, 2, 3} <= set(steps)
     assert {"loss", "reward_mean", "reward_std", "advantage_mean", "kl", "policy_reward"} <= set(steps[1])
     assert Path(job.adapter_path).read_bytes()[:2] == b"\x1f\x8b"
+    assert job.model_target_id is not None
+    assert job.comparison_run_id is not None
     target = ModelTarget.objects.get(pk=job.model_target_id)
     assert (target.alias, target.model) == (f"trained-{job.pk}", "openai/ride-support-grpo")
     comparison = Run.objects.get(pk=job.comparison_run_id)
@@ -150,10 +152,9 @@ def test_reward_rising_while_validation_falls_flags_the_job(gateway: Any, run: A
     ]
     for step, values in series[:3]:
         jobs.job_metrics_record(job=job, api_key=key, step=step, values=values)
-    job.refresh_from_db()
-    assert not job.flagged
+    assert not TrainingJob.objects.get(pk=job.pk).flagged
     for step, values in series[3:]:
         jobs.job_metrics_record(job=job, api_key=key, step=step, values=values)
-    job.refresh_from_db()
-    assert job.flagged
-    assert "0.620 to 0.500" in job.flag_reason
+    flagged = TrainingJob.objects.get(pk=job.pk)
+    assert flagged.flagged
+    assert "0.620 to 0.500" in flagged.flag_reason
