@@ -158,3 +158,30 @@ def test_reward_rising_while_validation_falls_flags_the_job(gateway: Any, run: A
     flagged = TrainingJob.objects.get(pk=job.pk)
     assert flagged.flagged
     assert "0.620 to 0.500" in flagged.flag_reason
+
+
+def test_a_crashed_workers_job_is_reclaimed_after_its_lease(gateway: Any, run: Any) -> None:  # noqa: F811
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    curation = _curation(gateway, run)
+    export = services.export_create(curation=curation, format="art", dispatch=False)
+    services.export_execute(export_id=export.pk)
+    export.refresh_from_db()
+    job = jobs.job_create(export=export, method="grpo", base_model="tiny", lease_seconds=60)
+    first, second = (registry_services.apikey_authenticate(raw_key=_client(gateway.workspace)[1]) for _ in range(2))
+    assert first is not None
+    assert second is not None
+    assert jobs.job_claim(api_key=first, worker="gpu-1") is not None
+    assert jobs.job_claim(api_key=second, worker="gpu-2") is None  # held while its heartbeats come
+
+    # gpu-1 dies: no heartbeat for longer than the lease.
+    TrainingJob.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=61))
+    reclaimed = jobs.job_claim(api_key=second, worker="gpu-2")
+
+    assert reclaimed is not None
+    assert (reclaimed.pk, reclaimed.worker, reclaimed.attempts) == (job.pk, "gpu-2", 2)
+    with pytest.raises(jobs.JobNotHeld):  # gpu-1 comes back: the job is no longer its own
+        jobs.job_heartbeat(job=job, api_key=first)
+    jobs.job_heartbeat(job=job, api_key=second)
