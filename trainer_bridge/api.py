@@ -102,6 +102,7 @@ class JobIn(Schema):
     lease_seconds: int = 300
     serve: dict[str, Any] | None = None
     compare_suite: str = ""
+    validation_export: int | None = None
 
 
 class JobOut(Schema):
@@ -347,7 +348,13 @@ def job_list_api(request: HttpRequest) -> Any:
 def job_create_api(request: HttpRequest, payload: JobIn) -> Any:
     data = payload.model_dump()
     export = _export(request, data.pop("export"))
-    job = jobs.job_create(export=export, created_via_key=request_api_key(request), **data)
+    validation = data.pop("validation_export")
+    job = jobs.job_create(
+        export=export,
+        validation_export=_export(request, validation) if validation is not None else None,
+        created_via_key=request_api_key(request),
+        **data,
+    )
     return Status(201, _job_out(job))
 
 
@@ -366,6 +373,11 @@ def job_claim_api(request: HttpRequest, payload: ClaimIn) -> Any:
         "config": config,
         "export_url": f"/api/v1/exports/{job.export_id}/download",
         "lease_seconds": job.lease_seconds,
+        **(
+            {"validation_url": f"/api/v1/exports/{job.validation_export_id}/download"}
+            if job.validation_export_id
+            else {}
+        ),
     }
 
 

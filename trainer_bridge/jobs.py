@@ -75,6 +75,7 @@ def job_create(
     lease_seconds: int = 300,
     serve: Mapping[str, Any] | None = None,
     compare_suite: str = "",
+    validation_export: Export | None = None,
     created_by: User | None = None,
     created_via_key: ApiKey | None = None,
 ) -> TrainingJob:
@@ -92,6 +93,14 @@ def job_create(
         problems += _config_problems(method, config)
     if export.status != JobStatus.SUCCEEDED:
         problems.append({"field": "export", "message": f"the export is {export.status}, not finished"})
+    if validation_export is not None and (
+        validation_export.workspace_id != export.workspace_id
+        or validation_export.format != export.format
+        or validation_export.status != JobStatus.SUCCEEDED
+    ):
+        problems.append(
+            {"field": "validation_export", "message": f"a finished {export.format} export of this workspace"}
+        )
     if not base_model.strip():
         problems.append({"field": "base_model", "message": "name the base model (a path or hub id the GPU has)"})
     if not 30 <= lease_seconds <= 24 * 3600:
@@ -112,6 +121,7 @@ def job_create(
             **({"compare_suite": compare_suite} if compare_suite else {}),
         },
         lease_seconds=lease_seconds,
+        validation_export=validation_export,
         created_by=created_by,
         created_via_key=created_via_key,
     )

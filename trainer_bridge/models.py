@@ -114,8 +114,10 @@ class TrainingJob(models.Model):
     method = models.CharField(max_length=8, choices=TrainingMethod.choices)
     base_model = models.CharField(max_length=500)  # a path or hub id the GPU machine can load
     config = models.JSONField(default=dict)  # trainer_bridge.training.TrainingConfig fields
-    validation_dataset = models.ForeignKey(
-        "evals.Dataset", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    # Held-out rows in the training export's format (e.g. an export of another curation, or of the
+    # same curation's validation split); the worker scores the policy on them as it trains.
+    validation_export = models.ForeignKey(
+        "trainer_bridge.Export", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     status = models.CharField(max_length=12, choices=JobStatus.choices, default=JobStatus.QUEUED)
     worker = models.CharField(max_length=200, blank=True)  # who holds it now: the name it gave

@@ -98,12 +98,18 @@ def test_a_worker_that_does_not_hold_the_job_gets_409(gateway: Any, run: Any) ->
     with mock.patch("trainer_bridge.tasks.export_execute.delay"):
         export_id = _post(client, f"/api/v1/curations/{curation.name}/exports", {"format": "art"}).json()["id"]
     services.export_execute(export_id=export_id)
+    with mock.patch("trainer_bridge.tasks.export_execute.delay"):
+        held_out = _post(client, f"/api/v1/curations/{curation.name}/exports", {"format": "art"}).json()["id"]
+    services.export_execute(export_id=held_out)
     job_id = _post(
-        client, "/api/v1/training-jobs", {"export": export_id, "method": "grpo", "base_model": "tiny", "config": {}}
+        client,
+        "/api/v1/training-jobs",
+        {"export": export_id, "method": "grpo", "base_model": "tiny", "config": {}, "validation_export": held_out},
     ).json()["id"]
 
     claimed = _post(client, "/api/v1/training-jobs/claim", {"worker": "gpu-1"})
     assert (claimed.status_code, claimed.json()["id"]) == (200, job_id)
+    assert claimed.json()["validation_url"] == f"/api/v1/exports/{held_out}/download"
     assert _post(other, "/api/v1/training-jobs/claim", {"worker": "gpu-2"}).status_code == 204
 
     for path, body in (
