@@ -40,6 +40,9 @@ _SECTIONS = (
     ("eval_run", "eval_runs"),
     ("eval_online_rule", "eval_online_rules"),
     ("eval", "eval_suites"),
+    ("training_curation", "training_curations"),
+    ("training_export", "training_exports"),
+    ("training_job", "training_jobs"),
 )
 
 

@@ -7,6 +7,7 @@ from frontend import (
     review,
     routing_views,
     settings_views,
+    training_views,
     triage_views,
     views,
 )
@@ -135,6 +136,34 @@ eval_patterns: list[URLPattern | URLResolver] = [
     ),
 ]
 
+training_patterns: list[URLPattern | URLResolver] = [
+    path("curations/", training_views.training_curation_list_view, name="training_curation_list"),
+    path("curations/new/", training_views.training_curation_create_view, name="training_curation_create"),
+    path("curations/preview/", training_views.training_curation_preview_view, name="training_curation_preview"),
+    path("curations/<str:name>/", training_views.training_curation_detail_view, name="training_curation_detail"),
+    path("curations/<str:name>/edit/", training_views.training_curation_edit_view, name="training_curation_edit"),
+    path("curations/<str:name>/export/", training_views.training_curation_export_view, name="training_curation_export"),
+    path("exports/", training_views.training_export_list_view, name="training_export_list"),
+    path("exports/<int:export_id>/", training_views.training_export_detail_view, name="training_export_detail"),
+    path(
+        "exports/<int:export_id>/progress/",
+        training_views.training_export_progress_view,
+        name="training_export_progress",
+    ),
+    path("exports/<int:export_id>/cancel/", training_views.training_export_cancel_view, name="training_export_cancel"),
+    path(
+        "exports/<int:export_id>/download/",
+        training_views.training_export_download_view,
+        name="training_export_download",
+    ),
+    path("jobs/", training_views.training_job_list_view, name="training_job_list"),
+    path("jobs/new/", training_views.training_job_create_view, name="training_job_create"),
+    path("jobs/<int:job_id>/", training_views.training_job_detail_view, name="training_job_detail"),
+    path("jobs/<int:job_id>/metrics/", training_views.training_job_metrics_view, name="training_job_metrics"),
+    path("jobs/<int:job_id>/cancel/", training_views.training_job_cancel_view, name="training_job_cancel"),
+    path("jobs/<int:job_id>/adapter/", training_views.training_job_adapter_view, name="training_job_adapter"),
+]
+
 workspace_patterns: list[URLPattern | URLResolver] = [
     path("", views.workspace_home_view, name="workspace_home"),
     path("agents/", views.agent_list_view, name="agent_list"),
@@ -155,6 +184,7 @@ workspace_patterns: list[URLPattern | URLResolver] = [
     path("", include(routing_patterns)),
     path("guardrails/", include(guardrail_patterns)),
     path("evals/", include(eval_patterns)),
+    path("training/", include(training_patterns)),
 ]
 
 urlpatterns: list[URLPattern | URLResolver] = [

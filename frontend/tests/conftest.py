@@ -2,14 +2,18 @@
 trajectory with a pending replay, a paused Langfuse mirror with a failed delivery, a model price, a model
 target with a key, a router configuration with a chain step and a tool, a routing decision with a shadow
 run, an open hand-off and a cache hit, a guardrail violation, a pending approval request and a budget, an
-eval suite with a queued run and an online rule, and a client per role in the first."""
+eval suite with a queued run and an online rule, a curation with a finished export (its file under a
+temporary MEDIA_ROOT) and a queued one, a training job with metrics and an adapter, and a client per role
+in the first."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,6 +74,9 @@ from tracing.models import (
     TriageSettings,
 )
 from tracing.tests.factories import AlertFactory, AlertRuleFactory
+from trainer_bridge import jobs
+from trainer_bridge import services as trainer_services
+from trainer_bridge.models import Curation, Export, TrainingJob, TrainingMetric
 
 
 @dataclass
@@ -98,6 +105,10 @@ class Tenant:
     suite: Suite
     eval_run: Run
     online_rule: OnlineRule
+    curation: Curation
+    export: Export  # finished, with its file
+    queued_export: Export
+    training_job: TrainingJob
 
 
 TENANT_LANGFUSE_SECRET = "sk-lf-tenant-secret"
@@ -124,7 +135,7 @@ def _paused_mirror_with_a_failed_delivery(workspace: Workspace, trace_name: str)
     return trajectory, mirror
 
 
-def _tenant(workspace: Workspace, author: User) -> Tenant:
+def _tenant(workspace: Workspace, author: User, media: Path) -> Tenant:
     agent = AgentFactory.create(workspace=workspace, slug="ride-support", name="Ride support", owner=author)
     services.requirements_version_create(
         agent=agent, answers=requirements_answers(), message="initial", created_by=author
@@ -165,6 +176,7 @@ def _tenant(workspace: Workspace, author: User) -> Tenant:
     rule = AlertRuleFactory.create(agent=agent, name="Loop rate", signal="loop", min_trajectories=1)
     target, tool, decision, handoff, hit = _routing(agent, trajectory)
     suite, eval_run, online_rule = _evals(agent)
+    curation, export, queued_export, training_job = _training(workspace, author, media)
     return Tenant(
         workspace=workspace,
         agent=agent,
@@ -196,6 +208,10 @@ def _tenant(workspace: Workspace, author: User) -> Tenant:
         suite=suite,
         eval_run=eval_run,
         online_rule=online_rule,
+        curation=curation,
+        export=export,
+        queued_export=queued_export,
+        training_job=training_job,
     )
 
 
@@ -227,6 +243,38 @@ def _evals(agent: Agent) -> tuple[Suite, Run, OnlineRule]:
     run.refresh_from_db()
     rule = online.online_rule_create(agent=agent, name="audit", evaluators_used=[evaluator])
     return suite, run, rule
+
+
+def _training(workspace: Workspace, author: User, media: Path) -> tuple[Curation, Export, Export, TrainingJob]:
+    """A curation of the recorded trajectories by their own reward (groups of one kept), an ART export the
+    task has written and one still queued, and a queued job on the first with two steps of metrics and an
+    uploaded adapter."""
+    # As an agent reporting `keel.reward` would have left it.
+    Trajectory.objects.filter(workspace=workspace).update(reward=1.0)
+    curation = trainer_services.curation_create(
+        workspace=workspace,
+        name="recorded",
+        query={},
+        grouping="first_request",
+        reward={"source": "trajectory"},
+        filters={"min_group_size": 1, "drop_equal_rewards": False},
+        created_by=author,
+    )
+    export = trainer_services.export_create(curation=curation, format="art", dispatch=False)
+    assert trainer_services.export_execute(export_id=export.pk) is not None
+    export.refresh_from_db()
+    queued = trainer_services.export_create(curation=curation, format="art", dispatch=False)
+    job = jobs.job_create(
+        export=export, method="grpo", base_model="tiny-model", config={"steps": 10}, created_by=author
+    )
+    for step, values in ((1, {"loss": 0.9, "reward_mean": 0.4}), (2, {"loss": 0.7, "reward_mean": 0.5})):
+        TrainingMetric.objects.create(job=job, step=step, values=values)
+    adapter = media / f"{workspace.slug}-adapter.tar.gz"
+    adapter.write_bytes(gzip.compress(b"adapter"))
+    # As the worker's upload (trainer_bridge.jobs.job_adapter_store) leaves it.
+    TrainingJob.objects.filter(pk=job.pk).update(adapter_path=str(adapter), steps_done=2)
+    job.refresh_from_db()
+    return curation, export, queued, job
 
 
 TENANT_PROVIDER_KEY = "sk-tenant-provider-key"
@@ -273,17 +321,24 @@ def _routing(agent: Agent, trajectory: Trajectory) -> tuple[ModelTarget, AgentTo
 
 
 @pytest.fixture
-def tenant(workspace) -> Tenant:
-    author = UserFactory.create(username="author")
-    MembershipFactory.create(workspace=workspace, user=author, role=Role.OWNER)
-    return _tenant(workspace, author)
+def media(tmp_path: Path, settings: Any) -> Path:
+    """Exports and adapters go under a temporary MEDIA_ROOT."""
+    settings.MEDIA_ROOT = tmp_path / "media"
+    return tmp_path
 
 
 @pytest.fixture
-def other_tenant(other_workspace) -> Tenant:
+def tenant(workspace, media) -> Tenant:
+    author = UserFactory.create(username="author")
+    MembershipFactory.create(workspace=workspace, user=author, role=Role.OWNER)
+    return _tenant(workspace, author, media)
+
+
+@pytest.fixture
+def other_tenant(other_workspace, media) -> Tenant:
     stranger = UserFactory.create(username="stranger")
     MembershipFactory.create(workspace=other_workspace, user=stranger, role=Role.OWNER)
-    return _tenant(other_workspace, stranger)
+    return _tenant(other_workspace, stranger, media)
 
 
 def _client_for(workspace: Workspace, role: Role, username: str) -> tuple[Client, Membership]:
@@ -378,6 +433,19 @@ def page_urls(tenant: Tenant) -> dict[str, str]:
         "eval_run_compare": f"/w/{ws}/evals/compare/?b={tenant.eval_run.pk}",
         "eval_online_rule_list": f"/w/{ws}/evals/online-rules/",
         "eval_online_rule_edit": f"/w/{ws}/evals/online-rules/{tenant.online_rule.name}/",
+        "training_curation_list": f"/w/{ws}/training/curations/",
+        "training_curation_create": f"/w/{ws}/training/curations/new/",
+        "training_curation_detail": f"/w/{ws}/training/curations/{tenant.curation.name}/",
+        "training_curation_edit": f"/w/{ws}/training/curations/{tenant.curation.name}/edit/",
+        "training_export_list": f"/w/{ws}/training/exports/",
+        "training_export_detail": f"/w/{ws}/training/exports/{tenant.export.pk}/",
+        "training_export_progress": f"/w/{ws}/training/exports/{tenant.queued_export.pk}/progress/",
+        "training_export_download": f"/w/{ws}/training/exports/{tenant.export.pk}/download/",
+        "training_job_list": f"/w/{ws}/training/jobs/",
+        "training_job_create": f"/w/{ws}/training/jobs/new/",
+        "training_job_detail": f"/w/{ws}/training/jobs/{tenant.training_job.pk}/",
+        "training_job_metrics": f"/w/{ws}/training/jobs/{tenant.training_job.pk}/metrics/",
+        "training_job_adapter": f"/w/{ws}/training/jobs/{tenant.training_job.pk}/adapter/",
     }
 
 
@@ -594,7 +662,39 @@ def post_cases(tenant: Tenant) -> dict[str, tuple[str, dict[str, Any]]]:
         ),
         "trajectory_dataset_add": (f"/w/{ws}/trajectories/{trace_id}/dataset/", {"dataset": "regressions"}),
         "review_dataset_add": (f"/w/{ws}/review/{tenant.sample.pk}/items/1/dataset/", {"new_name": "from-review"}),
+        "training_curation_create": (f"/w/{ws}/training/curations/new/", {"name": "more", **CURATION_FORM}),
+        "training_curation_preview": (f"/w/{ws}/training/curations/preview/", CURATION_FORM),
+        "training_curation_save": (
+            f"/w/{ws}/training/curations/{tenant.curation.name}/edit/",
+            {**CURATION_FORM, "description": "edited"},
+        ),
+        "training_curation_export": (f"/w/{ws}/training/curations/{tenant.curation.name}/export/", {"format": "art"}),
+        "training_export_cancel": (f"/w/{ws}/training/exports/{tenant.queued_export.pk}/cancel/", {}),
+        "training_job_create": (
+            f"/w/{ws}/training/jobs/new/",
+            {
+                "export": str(tenant.export.pk),
+                "method": "grpo",
+                "base_model": "tiny-model",
+                "steps": "5",
+                "learning_rate": "0.00001",
+                "lora_r": "8",
+            },
+        ),
+        "training_job_cancel": (f"/w/{ws}/training/jobs/{tenant.training_job.pk}/cancel/", {}),
     }
+
+
+# The curation builder's form for the tenant's curation's settings.
+CURATION_FORM = {
+    "grouping": "first_request",
+    "reward_source": "trajectory",
+    "min_group_size": "1",
+    "drop_unrewarded": "on",
+    "dedupe": "on",
+    "dedupe_threshold": "0.9",
+    "validation_share": "0",
+}
 
 
 def db_state() -> dict[str, list[Any]]:
@@ -665,4 +765,11 @@ def db_state() -> dict[str, list[Any]]:
         "online_rules": list(OnlineRule.objects.order_by("pk").values_list("pk", "name", "sample_rate", "enabled")),
         "datasets": list(Dataset.objects.order_by("pk").values_list("pk", "name")),
         "dataset_versions": list(DatasetVersion.objects.order_by("pk").values_list("pk", "version")),
+        "curations": list(
+            Curation.objects.order_by("pk").values_list(
+                "pk", "name", "description", "query", "grouping", "reward", "filters"
+            )
+        ),
+        "exports": list(Export.objects.order_by("pk").values_list("pk", "status", "format")),
+        "training_jobs": list(TrainingJob.objects.order_by("pk").values_list("pk", "status", "config")),
     }

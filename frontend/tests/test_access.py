@@ -77,6 +77,19 @@ PAGES = [
     "eval_run_compare",
     "eval_online_rule_list",
     "eval_online_rule_edit",
+    "training_curation_list",
+    "training_curation_create",
+    "training_curation_detail",
+    "training_curation_edit",
+    "training_export_list",
+    "training_export_detail",
+    "training_export_progress",
+    "training_export_download",
+    "training_job_list",
+    "training_job_create",
+    "training_job_detail",
+    "training_job_metrics",
+    "training_job_adapter",
 ]
 POSTS = [
     "agent_create",
@@ -132,9 +145,20 @@ POSTS = [
     "eval_online_rule_backfill",
     "trajectory_dataset_add",
     "review_dataset_add",
+    "training_curation_create",
+    "training_curation_preview",
+    "training_curation_save",
+    "training_curation_export",
+    "training_export_cancel",
+    "training_job_create",
+    "training_job_cancel",
 ]
 # Pages that answer JSON for a page's script rather than HTML.
-JSON_PAGES = {"eval_run_progress"}
+JSON_PAGES = {"eval_run_progress", "training_export_progress", "training_job_metrics"}
+# Pages that stream a file.
+FILE_PAGES = {"training_export_download", "training_job_adapter"}
+# Writes a member may make that change nothing (they check or preview what a save would do).
+READ_ONLY_POSTS = {"requirements_validate", "training_curation_preview"}
 # Writes that only enqueue work once the transaction commits (test_evals_views.py checks what they queue).
 ENQUEUE_POSTS = {"eval_online_rule_backfill"}
 # The writes that need the owner role.
@@ -176,6 +200,7 @@ ROUTE_OF = {
     "eval_suite_save": "eval_suite_edit",
     "eval_online_rule_create": "eval_online_rule_list",
     "eval_online_rule_save": "eval_online_rule_edit",
+    "training_curation_save": "training_curation_edit",
 }
 
 
@@ -202,13 +227,18 @@ def test_every_page_renders_for_a_member(tenant, member_client, page):
     response = member_client.get(page_urls(tenant)[page])
 
     assert response.status_code == 200
-    if page not in JSON_PAGES:
+    if page in FILE_PAGES:
+        assert b"".join(response.streaming_content)
+    elif page not in JSON_PAGES:
         assert tenant.workspace.name.encode() in response.content
 
 
 @pytest.mark.parametrize("page", PAGES)
 def test_every_page_renders_for_a_viewer(tenant, viewer_client, page):
-    assert viewer_client.get(page_urls(tenant)[page]).status_code == 200
+    response = viewer_client.get(page_urls(tenant)[page])
+
+    assert response.status_code == 200
+    response.close()  # a streamed file closes with its response
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -308,7 +338,7 @@ def test_the_same_writes_succeed_for_a_member(tenant, member_client, case):
     response = member_client.post(url, data)
 
     assert response.status_code in (200, 302), response.content.decode()[:2000]
-    if case != "requirements_validate" and case not in ENQUEUE_POSTS:
+    if case not in READ_ONLY_POSTS and case not in ENQUEUE_POSTS:
         assert db_state() != before
 
 
