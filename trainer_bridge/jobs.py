@@ -24,6 +24,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from agent_registry.models import ApiKey, User
@@ -175,6 +176,11 @@ def job_heartbeat(*, job: TrainingJob, api_key: ApiKey) -> TrainingJob:
     return job
 
 
+def _training_reward(values: Mapping[str, Any]) -> float | None:
+    reward = values.get("policy_reward")
+    return values.get("reward_mean") if reward is None else reward
+
+
 def _flag_check(job: TrainingJob) -> None:
     """Flag the job when the reward rose while the validation score fell, between its last two validations."""
     points = [
@@ -186,9 +192,9 @@ def _flag_check(job: TrainingJob) -> None:
         return
     (earlier_step, earlier), (later_step, later) = points[-2], points[-1]
     rewards = {
-        metric.step: metric.values.get("policy_reward", metric.values.get("reward_mean"))
+        metric.step: reward
         for metric in TrainingMetric.objects.filter(job=job, step__gte=earlier_step, step__lte=later_step)
-        if metric.values.get("policy_reward", metric.values.get("reward_mean")) is not None
+        if (reward := _training_reward(metric.values)) is not None
     }
     if len(rewards) < 2:
         return
@@ -213,7 +219,7 @@ def job_metrics_record(*, job: TrainingJob, api_key: ApiKey, step: int, values: 
         if value is None or (isinstance(value, int | float) and not isinstance(value, bool))
     }
     metric, _ = TrainingMetric.objects.update_or_create(job=job, step=step, defaults={"values": clean})
-    TrainingJob.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now(), steps_done=max(job.steps_done, step))
+    TrainingJob.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now(), steps_done=Greatest("steps_done", step))
     _flag_check(job)
     return metric
 

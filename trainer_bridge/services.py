@@ -33,7 +33,7 @@ from trainer_bridge.models import ACTIVE, Curation, Export, ExportFormat, JobSta
 logger = logging.getLogger("trainer_bridge.services")
 
 EXPORT_LEASE_SECONDS = 600
-PROGRESS_EVERY = 50  # groups between progress writes (and cancellation checks)
+PROGRESS_STEPS = 100  # progress writes (and cancellation checks) over an export, at most
 
 
 class CurationInvalid(ValidationFailed):
@@ -144,6 +144,14 @@ def curation_update(*, curation: Curation, **fields: Any) -> Curation:
     )
     for key, value in fields.items():
         setattr(curation, key, value)
+    try:
+        curation.full_clean(exclude=["workspace", "created_by"], validate_constraints=False)
+    except DjangoValidationError as error:
+        curation.refresh_from_db()
+        raise CurationInvalid(
+            "invalid curation",
+            errors=[{"field": key, "message": "; ".join(value)} for key, value in error.message_dict.items()],
+        ) from None
     curation.save()
     return curation
 
@@ -339,11 +347,12 @@ class _Cancelled(Exception):
 
 
 def _counted(export: Export, grouped: Iterator[groups.Group]) -> Iterator[groups.Group]:
+    every = max(1, export.groups_total // PROGRESS_STEPS)
     done = 0
     for group in grouped:
         yield group
         done += 1
-        if done % PROGRESS_EVERY == 0:
+        if done % every == 0:
             if not Export.objects.filter(pk=export.pk, status=JobStatus.RUNNING).exists():
                 raise _Cancelled
             Export.objects.filter(pk=export.pk).update(groups_done=done, claimed_at=timezone.now())
