@@ -542,4 +542,7 @@ def demo_seed() -> Workspace:
     from evals import demo as evals_demo  # datasets are built from the trajectories above
 
     evals_demo.demo_evals_seed(workspace)
+    from trainer_bridge import demo as trainer_demo  # curations are made of the eval runs above
+
+    trainer_demo.demo_trainer_seed(workspace)
     return workspace

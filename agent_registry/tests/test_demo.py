@@ -23,6 +23,12 @@ from agent_registry.models import (
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def media(tmp_path, settings):
+    """The seed writes files (the trainer bridge's exports, base model and adapter): each test keeps its own."""
+    settings.MEDIA_ROOT = tmp_path / "media"
+
+
 def registry_rows() -> dict[str, list[Any]]:
     """Every registry row the seed writes, by primary key, so that a second run that rewrote a row, or
     deleted and re-created it, shows as well as one that added a row."""

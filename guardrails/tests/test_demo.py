@@ -24,6 +24,12 @@ from tracing.models import Trajectory
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def media(tmp_path, settings):
+    """The seed writes files (the trainer bridge's exports, base model and adapter): each test keeps its own."""
+    settings.MEDIA_ROOT = tmp_path / "media"
+
+
 @pytest.fixture
 def seeded():
     return registry_demo.demo_seed()

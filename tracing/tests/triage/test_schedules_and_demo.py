@@ -13,6 +13,12 @@ from tracing.models import Alert, AlertRule, ReviewItem, ReviewSample, TriageSet
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def media(tmp_path, settings):
+    """The seed writes files (the trainer bridge's exports, base model and adapter): each test keeps its own."""
+    settings.MEDIA_ROOT = tmp_path / "media"
+
+
 def test_migrations_schedule_alert_evaluation_delivery_and_the_daily_draw():
     schedules = {
         task.task: (task.interval.every, task.interval.period) if task.interval else (task.crontab.hour, "cron")

@@ -1,0 +1,219 @@
+"""The demo workspace's trainer bridge, made by Keel's own services and trained by its own trainer.
+
+A team that wants to fine-tune the ride-support bot on what it has seen:
+- It curates groups from the ride suite's eval runs (k = 4 per item). The demo model answers a request the
+  same way every time, so the suite's two runs give every sample of an item the same score and a group
+  relative update would learn nothing; as a team would, it first collects contrasting rollouts: the same
+  regression set on the single-call tier (a suite of its own, so the nightly suite's history is unchanged).
+  The groups are the dataset items, rewarded by `reference_similarity`, which differs between the tiers.
+- It curates the triaged production trajectories of the ride-support bot (triage signals of a struggling
+  conversation), grouped by first request and ranked within each group by the RULER-style judge.
+- It exports the eval groups in every format they can be represented in, and trains a LoRA adapter on the
+  ART export with GRPO, as the GPU worker would (claim, metrics step by step, adapter, finish) but in this
+  process, on the CPU, for a few steps, on a tiny model built here from the export's own text.
+- Keel then registers the trained model as a model target with an eval run of the ride suite against the
+  incumbent, which runs here too. The trained model is served by the demo provider
+  (`keel-demo/ride-support-grpo`, routing/demo_provider.py), a FAKE that answers from templates: the adapter
+  is stored but nothing serves it. Point the target at a server with the adapter loaded to see it answer.
+- A second job (SFT, on a real base model) waits for a GPU worker, so the jobs page shows both states.
+
+Everything runs inline: the seed is one transaction the Celery workers could not see. Idempotent: a workspace
+with curations is left alone.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from django.conf import settings
+
+from agent_registry import selectors as registry_selectors
+from agent_registry import services as registry_services
+from agent_registry.models import PromptVersion, Role, User, Workspace
+from evals import runs
+from evals import services as evals_services
+from evals.models import Run, Suite
+from tracing import services as tracing_services
+from tracing.models import BatchStatus, IngestBatch
+from trainer_bridge import jobs, services
+from trainer_bridge.models import Curation, Export, ExportFormat, JobStatus, TrainingJob
+
+SUITE = "ride-support-output-quality"
+ROLLOUT_SUITE = "ride-support-single-call-rollouts"
+EVAL_CURATION = "ride-support-eval-groups"
+PRODUCTION_CURATION = "ride-support-struggling-production"
+REWARD_EVALUATOR = "reference_similarity"
+JUDGE_EVALUATOR = "group_rank"
+WORKER_KEY_NAME = "Demo GPU worker (CPU)"
+# Few, small steps: the whole trainer demo stays a few seconds of the seed on a laptop's CPU.
+TRAINING_STEPS = 8
+TRAINING_CONFIG = {
+    "steps": TRAINING_STEPS,
+    "batch_size": 2,
+    "learning_rate": 5e-4,
+    "validation_every": 4,
+    "max_length": 512,
+}
+SERVE = {"model": "keel-demo/ride-support-grpo"}  # the FAKE demo provider, not the adapter (see above)
+
+
+def demo_trainer_seed(workspace: Workspace) -> None:
+    """Seed the curations, their exports and the training jobs, once.
+
+    Precondition: the evals demo ran (the ride suite, its two completed runs, the `group_rank` judge)."""
+    if Curation.objects.filter(workspace=workspace).exists():
+        return
+    owner = next(m.user for m in registry_selectors.workspace_member_list(workspace=workspace) if m.role == Role.OWNER)
+    suite = Suite.objects.get(workspace=workspace, name=SUITE)
+    _settle(workspace)  # the eval runs' spans are still in their ingest batches
+    rollouts = _rollouts_run(suite, owner)
+    eval_runs = [*Run.objects.filter(suite=suite).order_by("pk").values_list("pk", flat=True), rollouts.pk]
+    eval_groups = services.curation_create(
+        workspace=workspace,
+        name=EVAL_CURATION,
+        description="The regression set's k = 4 answers from the nightly suite's runs (prompt v1 and v2) and "
+        "from the single-call tier, grouped by question and rewarded by similarity to the support leads' "
+        "reference answer: GRPO material.",
+        query={"runs": eval_runs},
+        grouping="dataset_item",
+        reward={"source": "run_score", "evaluator": REWARD_EVALUATOR},
+        filters={"validation_share": 0.25},
+        created_by=owner,
+    )
+    services.curation_create(
+        workspace=workspace,
+        name=PRODUCTION_CURATION,
+        description="Production conversations triage flagged (the rider disengaged, the bot drifted or "
+        "misread the request), grouped by the rider's first request and ranked within each group by the "
+        "RULER-style judge.",
+        query={
+            "agents": ["ride-support"],
+            "signals": ["disengagement", "goal_drift", "misalignment"],
+            "exclude_tags": ["eval"],
+        },
+        grouping="first_request",
+        reward={"source": "group_judge", "evaluator": JUDGE_EVALUATOR},
+        created_by=owner,
+    )
+    exports = {export.format: export for export in _exports(eval_groups, owner)}
+    _trained_job(workspace, exports[ExportFormat.ART], owner)
+    if ExportFormat.TRL_SFT in exports:
+        jobs.job_create(
+            export=exports[ExportFormat.TRL_SFT],
+            method="sft",
+            base_model="Qwen/Qwen2.5-0.5B-Instruct",
+            name="ride-support SFT on Qwen2.5-0.5B (waits for a GPU worker)",
+            config={"steps": 200, "batch_size": 8, "learning_rate": 2e-5},
+            compare_suite=SUITE,
+            created_by=owner,
+        )
+
+
+def _settle(workspace: Workspace) -> None:
+    """What the worker does next with the gateway's traces: store them as trajectories."""
+    for batch_id in IngestBatch.objects.filter(workspace=workspace, status=BatchStatus.PENDING).values_list(
+        "pk", flat=True
+    ):
+        tracing_services.span_batch_process(batch_id=batch_id)
+
+
+def _rollouts_run(suite: Suite, owner: User) -> Run:
+    """The regression set answered on the single-call tier with the live prompt (v2), k = 4, scored by the
+    nightly suite's evaluators."""
+    rollouts = evals_services.suite_create(
+        workspace=suite.workspace,
+        name=ROLLOUT_SUITE,
+        agent=suite.agent,
+        evaluators_used=[link.evaluator for link in suite.suite_evaluators.order_by("position")],
+        description="The regression set on the single-call tier: contrasting rollouts for the trainer's groups.",
+        dataset=suite.dataset,
+        samples=suite.samples,
+        tier="single_call",
+        variables=suite.variables,
+        created_by=owner,
+    )
+    live = PromptVersion.objects.get(prompt__workspace=suite.workspace, prompt__name="ride-support/system", version=2)
+    run = runs.run_create(suite=rollouts, prompt_version=live, created_by=owner, dispatch=False)
+    runs.run_execute(run_id=run.pk, inline=True)
+    _settle(suite.workspace)
+    run.refresh_from_db()
+    return run
+
+
+def _exports(curation: Curation, owner: User) -> Iterator[Export]:
+    """The curation in each format; one that cannot represent its groups is refused before any file is
+    written, and left out."""
+    for format in ExportFormat.values:
+        try:
+            export = services.export_create(curation=curation, format=format, created_by=owner, dispatch=False)
+        except services.ExportRefused:
+            continue
+        done = services.export_execute(export_id=export.pk)
+        if done is not None and done.status == JobStatus.SUCCEEDED:
+            yield done
+
+
+def _vocabulary(export: Export) -> list[str]:
+    """The export's conversations as text, for the tiny model's tokenizer."""
+    texts = []
+    for line in Path(export.path).read_text(encoding="utf-8").splitlines():
+        for trajectory in json.loads(line).get("trajectories") or ():
+            texts.append(json.dumps(trajectory.get("messages_and_choices"), ensure_ascii=False))
+    return texts
+
+
+def _trained_job(workspace: Workspace, export: Export, owner: User) -> TrainingJob:
+    """A GRPO job on the ART export, run through the worker's side of the protocol in this process."""
+    from trainer_bridge import tiny, training  # torch: loaded only when the demo trains
+
+    base = tiny.tiny_model_dir(
+        Path(settings.MEDIA_ROOT) / "demo-base-model", vocab_corpus=[*_vocabulary(export), *tiny.toy_corpus()]
+    )
+    job = jobs.job_create(
+        export=export,
+        method="grpo",
+        base_model=str(base),
+        name="ride-support GRPO on the eval groups (demo, CPU)",
+        config=TRAINING_CONFIG,
+        serve=SERVE,
+        compare_suite=SUITE,
+        created_by=owner,
+    )
+    key, _ = registry_services.apikey_create(
+        workspace=workspace, name=WORKER_KEY_NAME, scopes=["write"], created_by=owner
+    )
+    claimed = jobs.job_claim(api_key=key, worker="demo-cpu-worker")
+    if claimed is None or claimed.pk != job.pk:
+        raise RuntimeError(f"the demo worker could not claim training job {job.pk}")
+    jobs.job_heartbeat(job=claimed, api_key=key)
+
+    def on_metrics(metrics: dict[str, float]) -> None:
+        step = int(metrics.pop("step"))
+        jobs.job_metrics_record(job=claimed, api_key=key, step=step, values=metrics)
+
+    config = training.TrainingConfig.from_dict({**TRAINING_CONFIG, "method": "grpo"})
+    with tempfile.TemporaryDirectory(prefix=f"keel-demo-job-{job.pk}-") as work:
+        result = training.train(
+            config,
+            base_model_dir=base,
+            export_path=export.path,
+            output_dir=Path(work) / "adapter",
+            on_metrics=on_metrics,
+        )
+        if result.adapter_dir is None:
+            raise RuntimeError(f"training job {job.pk} stopped before saving its adapter")
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+            for path in sorted(result.adapter_dir.iterdir()):
+                tar.add(path, arcname=path.name)
+    jobs.job_adapter_store(job=claimed, api_key=key, content=archive.getvalue())
+    finished = jobs.job_finish(job=claimed, api_key=key, status="succeeded")
+    if finished.comparison_run_id is not None:
+        runs.run_execute(run_id=finished.comparison_run_id, inline=True)
+        _settle(workspace)
+    return finished

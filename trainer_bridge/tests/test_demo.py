@@ -1,0 +1,109 @@
+"""The demo's trainer bridge: curations of the seeded eval runs and production trajectories, exports in every
+format the groups fit, a GRPO job trained on the CPU through the worker's side of the protocol, its model
+target and comparison run; and a job still waiting for a GPU. Seeded once however often `demo_seed` runs."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent_registry import demo as registry_demo
+from agent_registry.models import ApiKey, Workspace
+from evals.models import Run, RunStatus, Suite
+from routing.models import ModelTarget
+from trainer_bridge import demo, services
+from trainer_bridge.models import Curation, Export, ExportFormat, JobStatus, TrainingJob, TrainingMetric
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def seeded(tmp_path: Path, settings: Any) -> Workspace:
+    settings.MEDIA_ROOT = tmp_path / "media"
+    return registry_demo.demo_seed()
+
+
+def _preview(workspace: Workspace, name: str) -> dict[str, Any]:
+    curation = Curation.objects.get(workspace=workspace, name=name)
+    return services.curation_preview(workspace=workspace, snapshot=services.curation_snapshot(curation)).as_dict()
+
+
+def test_the_eval_curation_has_groups_with_contrasting_rewards(seeded: Workspace) -> None:
+    eval_groups = _preview(seeded, demo.EVAL_CURATION)
+    production = _preview(seeded, demo.PRODUCTION_CURATION)
+
+    assert eval_groups["groups"] >= 4
+    assert eval_groups["pairable_groups"] == eval_groups["groups"]
+    assert eval_groups["rewards"]["min"] < eval_groups["rewards"]["max"]
+    assert eval_groups["splits"]["validation"] >= 1
+    assert production["groups"] >= 2
+    curation = Curation.objects.get(workspace=seeded, name=demo.EVAL_CURATION)
+    nightly = Suite.objects.get(workspace=seeded, name=demo.SUITE)
+    # The nightly suite's two runs and the single-call tier's rollouts; the nightly suite has no new run.
+    assert Run.objects.filter(suite=nightly).count() == 2
+    assert set(curation.query["runs"]) == set(
+        Run.objects.filter(suite__name__in=[demo.SUITE, demo.ROLLOUT_SUITE]).values_list("pk", flat=True)
+    )
+
+
+def test_every_format_the_groups_fit_is_exported_with_its_checksum(seeded: Workspace) -> None:
+    exports = Export.objects.filter(workspace=seeded).order_by("pk")
+
+    assert sorted(export.format for export in exports) == sorted(ExportFormat.values)
+    for export in exports:
+        assert export.status == JobStatus.SUCCEEDED, (export.format, export.error)
+        content = Path(export.path).read_bytes()
+        assert content
+        assert hashlib.sha256(content).hexdigest() == export.sha256 == export.manifest["sha256"]
+        assert export.manifest["curation"]["name"] == demo.EVAL_CURATION
+
+
+def test_the_grpo_job_trained_and_its_model_is_compared_with_the_incumbent(seeded: Workspace) -> None:
+    trained = TrainingJob.objects.get(workspace=seeded, status=JobStatus.SUCCEEDED)
+
+    assert (trained.method, trained.export.format) == ("grpo", ExportFormat.ART)
+    assert trained.steps_done == demo.TRAINING_STEPS
+    steps = {metric.step: metric.values for metric in TrainingMetric.objects.filter(job=trained)}
+    assert set(steps) == set(range(demo.TRAINING_STEPS + 1))
+    assert "validation_score" in steps[0]
+    assert {"loss", "reward_mean", "policy_reward", "kl"} <= set(steps[1])
+    assert Path(trained.adapter_path).read_bytes()[:2] == b"\x1f\x8b"
+    assert trained.claimed_via_key is not None
+    assert trained.claimed_via_key.name == demo.WORKER_KEY_NAME
+    target = trained.model_target
+    assert target is not None
+    assert (target.alias, target.model) == (f"trained-{trained.pk}", demo.SERVE["model"])
+    comparison = trained.comparison_run
+    assert comparison is not None
+    assert comparison.status == RunStatus.COMPLETED
+    assert comparison.model_target_id == target.pk
+    assert comparison.items_errored == 0
+    incumbent = Run.objects.filter(suite__name=demo.SUITE).order_by("-pk").first()
+    assert incumbent is not None
+    assert comparison.baseline_id == incumbent.pk
+    # And one waits for a GPU worker.
+    waiting = TrainingJob.objects.get(workspace=seeded, status=JobStatus.QUEUED)
+    assert (waiting.method, waiting.export.format, waiting.attempts) == ("sft", ExportFormat.TRL_SFT, 0)
+
+
+def test_seeding_again_adds_nothing(seeded: Workspace) -> None:
+    def counts() -> tuple[int, ...]:
+        return (
+            Curation.objects.count(),
+            Export.objects.count(),
+            TrainingJob.objects.count(),
+            TrainingMetric.objects.count(),
+            ModelTarget.objects.count(),
+            Run.objects.count(),
+            ApiKey.objects.count(),
+        )
+
+    before = counts()
+
+    registry_demo.demo_seed()
+
+    assert counts() == before
+    assert before[:3] == (2, len(ExportFormat.values), 2)
