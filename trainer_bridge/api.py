@@ -430,7 +430,8 @@ def job_adapter_api(request: HttpRequest, job_id: int) -> Any:
             location = ""
         jobs.job_adapter_store(job=job, api_key=api_key, location=str(location or ""))
     else:
-        jobs.job_adapter_store(job=job, api_key=api_key, content=request.body)
+        # Streamed, not request.body: an adapter is larger than the bodies Keel reads into memory.
+        jobs.job_adapter_store(job=job, api_key=api_key, content=request)  # type: ignore[arg-type]
     return Status(204, None)
 
 

@@ -15,11 +15,12 @@ completion; the recorded rewards themselves cannot move), else `reward_mean`.
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from django.conf import settings
 from django.db import transaction
@@ -230,19 +231,38 @@ def adapter_dir() -> Path:
     return folder
 
 
+def _adapter_write(job: TrainingJob, stream: BinaryIO) -> Path:
+    """Copy the uploaded tar.gz to the adapters folder in chunks (an adapter can be far larger than the
+    request bodies Keel keeps in memory); a partial file never takes the adapter's name."""
+    path = adapter_dir() / f"job-{job.pk}-adapter.tar.gz"
+    partial = path.with_suffix(".partial")
+    written = 0
+    try:
+        with partial.open("wb") as out:
+            while chunk := stream.read(1024 * 1024):
+                if written == 0 and chunk[:2] != b"\x1f\x8b":
+                    raise JobInvalid("send the adapter as a tar.gz", errors=[{"field": "body", "message": "not gzip"}])
+                written += len(chunk)
+                if written > MAX_ADAPTER_BYTES:
+                    raise JobInvalid("the adapter is too large", errors=[{"field": "body", "message": "over 2 GiB"}])
+                out.write(chunk)
+        if written == 0:
+            raise JobInvalid("send the adapter or its location", errors=[{"field": "body", "message": "empty"}])
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    partial.replace(path)
+    return path
+
+
 def job_adapter_store(
-    *, job: TrainingJob, api_key: ApiKey, content: bytes | None = None, location: str = ""
+    *, job: TrainingJob, api_key: ApiKey, content: bytes | BinaryIO | None = None, location: str = ""
 ) -> TrainingJob:
+    """Keep the adapter (bytes or a readable stream of a tar.gz) or the location where the worker stored it."""
     job = _held(job, api_key)
     if content is not None:
-        if len(content) > MAX_ADAPTER_BYTES:
-            raise JobInvalid("the adapter is too large", errors=[{"field": "body", "message": "over 2 GiB"}])
-        if content[:2] != b"\x1f\x8b":
-            raise JobInvalid("send the adapter as a tar.gz", errors=[{"field": "body", "message": "not gzip"}])
-        path = adapter_dir() / f"job-{job.pk}-adapter.tar.gz"
-        partial = path.with_suffix(".partial")
-        partial.write_bytes(content)
-        partial.replace(path)
+        stream = io.BytesIO(content) if isinstance(content, bytes) else content
+        path = _adapter_write(job, stream)
         TrainingJob.objects.filter(pk=job.pk).update(adapter_path=str(path))
     elif location:
         TrainingJob.objects.filter(pk=job.pk).update(adapter_location=location[:1000])

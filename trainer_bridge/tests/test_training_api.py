@@ -191,3 +191,32 @@ def test_a_crashed_workers_job_is_reclaimed_after_its_lease(gateway: Any, run: A
     with pytest.raises(jobs.JobNotHeld):  # gpu-1 comes back: the job is no longer its own
         jobs.job_heartbeat(job=job, api_key=first)
     jobs.job_heartbeat(job=job, api_key=second)
+
+
+def test_an_adapter_larger_than_the_request_body_limit_is_streamed_to_disk(
+    gateway: Any,  # noqa: F811
+    run: Any,  # noqa: F811
+    settings: Any,
+) -> None:
+    import gzip
+    import os
+
+    client, _ = _client(gateway.workspace)
+    curation = _curation(gateway, run)
+    export = services.export_create(curation=curation, format="art", dispatch=False)
+    services.export_execute(export_id=export.pk)
+    job_id = _post(
+        client, "/api/v1/training-jobs", {"export": export.pk, "method": "grpo", "base_model": "tiny"}
+    ).json()["id"]
+    assert _post(client, "/api/v1/training-jobs/claim", {"worker": "gpu"}).status_code == 200
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1024  # far below the adapter's size
+    adapter = gzip.compress(os.urandom(64 * 1024))
+
+    not_gzip = client.post(f"/api/v1/training-jobs/{job_id}/adapter", data=b"x" * 4096, content_type="application/gzip")
+    assert (not_gzip.status_code, not_gzip.json()["errors"][0]["message"]) == (422, "not gzip")
+    assert not TrainingJob.objects.get(pk=job_id).adapter_path
+    stored = client.post(f"/api/v1/training-jobs/{job_id}/adapter", data=adapter, content_type="application/gzip")
+
+    assert stored.status_code == 204, stored.content
+    assert Path(TrainingJob.objects.get(pk=job_id).adapter_path).read_bytes() == adapter
+    assert not list(jobs.adapter_dir().glob("*.partial"))
