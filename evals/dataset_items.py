@@ -230,6 +230,16 @@ def items_parse(data: Sequence[object]) -> list[ItemData]:
     return _parse_all([(index + 1, item) for index, item in enumerate(data)])
 
 
+def content_text(content: Any) -> str | None:
+    """The text of an OpenAI message's content (a string, or its text parts joined); None when it has none."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [str(part["text"]) for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)]
+        return "".join(texts) if texts else None
+    return None
+
+
 def _text(content: bytes) -> str:
     try:
         return content.decode("utf-8-sig")  # a spreadsheet's byte-order mark is not part of the header

@@ -30,6 +30,7 @@ from evals import evaluators, exceptions, verifiers
 from evals.models import Evaluator, OnlineEvaluation, OnlineRule
 from tracing import services as tracing_services
 from tracing.models import ScoreDataType, ScoreSource, Trajectory, TrajectoryStatus
+from tracing.steps import TrajectoryView
 
 logger = logging.getLogger("evals.online")
 
@@ -90,12 +91,12 @@ def _matching(rule: OnlineRule) -> QuerySet[Trajectory]:
     return trajectories
 
 
-def _item(trajectory: Trajectory) -> verifiers.EvalItem:
+def _item(trajectory: Trajectory, view: TrajectoryView) -> verifiers.EvalItem:
     """What the trajectory was asked; a production trajectory has no reference."""
     from evals import services
 
     try:
-        data = services.dataset_item_from_trajectory(trajectory=trajectory)
+        data = services.dataset_item_from_trajectory(trajectory=trajectory, view=view)
     except exceptions.TrajectoryNotUsable:
         return verifiers.EvalItem(input=trajectory.input_preview, metadata={"trace_id": trajectory.trace_id})
     return verifiers.EvalItem(
@@ -126,8 +127,8 @@ def trajectory_evaluate(
 
     if OnlineEvaluation.objects.filter(rule=rule, trace_id=trajectory.trace_id).exists():
         return None
-    item = _item(trajectory)
-    output = trajectory_facts.eval_output_from_trajectory(trajectory=trajectory)
+    output, view = trajectory_facts.eval_output_and_view(trajectory=trajectory)
+    item = _item(trajectory, view)
     scores: list[verifiers.Score] = []
     for evaluator in built:
         scores.extend(evaluator.scores(item, [output]))  # ModelUnavailable propagates to the tick

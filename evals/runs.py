@@ -19,6 +19,7 @@ prompt version a label pointed to, the evaluators' versions (`Run.evaluators`). 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -37,7 +38,7 @@ from django.utils import timezone
 from agent_registry import services as registry_services
 from agent_registry.models import ApiKey, PromptLabel, PromptVersion, Scope, User, Workspace
 from config.errors import KeelError
-from evals import evaluators, exceptions, metrics, selectors, verifiers
+from evals import dataset_items, evaluators, exceptions, metrics, selectors, verifiers
 from evals.models import (
     Evaluator,
     Run,
@@ -402,15 +403,6 @@ def eval_output(stored: Mapping[str, Any], text: str) -> verifiers.EvalOutput:
     )
 
 
-def _text(message: Mapping[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    return ""
-
-
 def _request(run: Run, item: RunItem) -> ChatCompletionRequest:
     messages = item.input_messages or [{"role": "user", "content": item.task}]
     variables = dict(run.variables or {})
@@ -449,7 +441,7 @@ def _sample_from_gateway(driver: _Driver, item: RunItem, sample: int) -> RunSamp
     return RunSample(
         item=item,
         sample=sample,
-        output_text=_text(stored["message"]),
+        output_text=dataset_items.content_text(stored["message"].get("content")) or "",
         output=stored,
         trace_id=answer.trace_id,
         latency_ms=answer.latency_ms,
@@ -474,30 +466,7 @@ def _sample_from_recording(run: Run, item: RunItem, sample: int) -> RunSample:
         "tool_calls": [{"name": call.name, "arguments": dict(call.arguments)} for call in output.tool_calls],
     }
     if facts is not None:
-        stored["facts"] = {
-            "trace_id": facts.trace_id,
-            "status": facts.status,
-            "steps": facts.steps,
-            "model_calls": facts.model_calls,
-            "cost_usd": facts.cost_usd,
-            "latency_ms": facts.latency_ms,
-            "input_tokens": facts.input_tokens,
-            "output_tokens": facts.output_tokens,
-            "tier": facts.tier,
-            "escalated": facts.escalated,
-            "actions": [
-                {
-                    "name": action.name,
-                    "arguments": dict(action.arguments),
-                    "status": action.status,
-                    "approved": action.approved,
-                    "error": action.error,
-                }
-                for action in facts.actions
-            ],
-            "guardrail_actions": list(facts.guardrail_actions),
-            "signals": list(facts.signals),
-        }
+        stored["facts"] = dataclasses.asdict(facts)  # what `eval_output` reads back
     return RunSample(
         item=item,
         sample=sample,
@@ -766,9 +735,15 @@ def run_report(*, run: Run) -> dict[str, Any]:
 
 
 def run_progress(*, run: Run) -> dict[str, Any]:
-    counts = dict(
-        RunItem.objects.filter(run=run).values_list("status").annotate(n=Count("pk")).values_list("status", "n")
-    )
+    """Where the run stands. Pending and running counts come from `selectors.run_list`/`run_get`'s
+    annotations when the run was read there (no query per run in a list), else from one query."""
+    counts: dict[str, int]
+    if hasattr(run, "pending_items"):
+        counts = {RunItemStatus.PENDING: run.pending_items, RunItemStatus.RUNNING: getattr(run, "running_items", 0)}
+    else:
+        counts = dict(
+            RunItem.objects.filter(run=run).values_list("status").annotate(n=Count("pk")).values_list("status", "n")
+        )
     return {
         "status": run.status,
         "items": run.item_count,

@@ -9,7 +9,7 @@ ticking are not made up: only the latest one runs, so a day of downtime does not
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from croniter import croniter
 from django.utils import timezone
@@ -39,10 +39,9 @@ def cron_expression(expression: str) -> str:
 
 def slot_latest(expression: str, now: datetime) -> datetime:
     """The latest slot at or before `now`, in UTC."""
-    moment = now.astimezone(UTC)
-    # croniter's get_prev is strict; a moment exactly on a slot is that slot.
-    if croniter.match(cron_expression(expression), moment.replace(second=0, microsecond=0)) and moment.second == 0:
-        return moment.replace(microsecond=0)
+    # Slots are whole minutes and croniter's get_prev is strict: counting back from the next second makes
+    # a moment exactly on a slot that slot.
+    moment = now.astimezone(UTC).replace(microsecond=0) + timedelta(seconds=1)
     previous: datetime = croniter(cron_expression(expression), moment).get_prev(datetime)
     return previous.astimezone(UTC)
 

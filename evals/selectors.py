@@ -7,7 +7,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from django.db.models import Model, OuterRef, Prefetch, Q, QuerySet, Subquery
+from django.db.models import Count, Model, OuterRef, Prefetch, Q, QuerySet, Subquery
 
 from agent_registry.models import Workspace
 from evals import dataset_items, exceptions, judges
@@ -151,7 +151,16 @@ def suite_get(*, workspace: Workspace, name: str, agent_ids: AgentIds = None) ->
 
 
 def suite_evaluators(*, suite: Suite) -> list[Evaluator]:
-    return [link.evaluator for link in suite.suite_evaluators.select_related("evaluator").order_by("position", "id")]
+    """In order; from what `suite_list` prefetched when the suite came from it."""
+    return [link.evaluator for link in suite.suite_evaluators.all()]
+
+
+def _with_progress(runs: QuerySet[Run]) -> QuerySet[Run]:
+    """Runs with their pending and running item counts (what `runs.run_progress` shows), in the same query."""
+    return runs.annotate(
+        pending_items=Count("items", filter=Q(items__status="pending")),
+        running_items=Count("items", filter=Q(items__status="running")),
+    )
 
 
 def run_list(
@@ -169,15 +178,15 @@ def run_list(
     if status:
         runs = runs.filter(status=status)
     return list(
-        runs.select_related("suite", "agent", "prompt_version__prompt", "dataset_version__dataset").order_by(
-            "-created_at", "-pk"
-        )[offset : offset + limit]
+        _with_progress(runs)
+        .select_related("suite", "agent", "prompt_version__prompt", "dataset_version__dataset")
+        .order_by("-created_at", "-pk")[offset : offset + limit]
     )
 
 
 def run_get(*, workspace: Workspace, run_id: int, agent_ids: AgentIds = None) -> Run:
     run = (
-        _scoped(Run.objects.filter(workspace=workspace, pk=run_id), agent_ids)
+        _with_progress(_scoped(Run.objects.filter(workspace=workspace, pk=run_id), agent_ids))
         .select_related("suite", "agent", "prompt_version__prompt", "dataset_version__dataset", "baseline")
         .first()
     )

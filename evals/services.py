@@ -29,6 +29,7 @@ from evals.models import (
 )
 from tracing import selectors as tracing_selectors
 from tracing.models import Trajectory
+from tracing.steps import TrajectoryView
 
 AgentIds = selectors.AgentIds
 # An upload larger than this is refused before it is parsed.
@@ -149,19 +150,13 @@ def dataset_items_from_upload(*, content: bytes, file_format: str) -> list[datas
         raise _items_invalid(error) from None
 
 
-def _text_of(content: Any) -> str | None:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # OpenAI content parts
-        texts = [str(part["text"]) for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)]
-        return "".join(texts) if texts else None
-    return None
-
-
-def dataset_item_from_trajectory(*, trajectory: Trajectory) -> dataset_items.ItemData:
+def dataset_item_from_trajectory(
+    *, trajectory: Trajectory, view: TrajectoryView | None = None
+) -> dataset_items.ItemData:
     """An item from a stored trajectory: the messages its first model call read, its final answer as the
-    reference, its tool calls (in order) as the expected ones, linked by its trace id."""
-    view = tracing_selectors.trajectory_view(trajectory=trajectory)
+    reference, its tool calls (in order) as the expected ones, linked by its trace id. `view`: the
+    trajectory's view when the caller has read it already."""
+    view = view or tracing_selectors.trajectory_view(trajectory=trajectory)
     llm_steps = [step for step in view.steps if step.input_messages is not None or step.output_message is not None]
     messages: list[dict[str, Any]] = []
     first_read = next((step.input_messages for step in llm_steps if step.input_messages), None)
@@ -176,7 +171,7 @@ def dataset_item_from_trajectory(*, trajectory: Trajectory) -> dataset_items.Ite
     reference: str | None = None
     for step in reversed(llm_steps):
         if step.output_message is not None:
-            reference = _text_of(step.output_message.get("content"))
+            reference = dataset_items.content_text(step.output_message.get("content"))
             if reference:
                 break
     if not reference:

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from evals.dataset_items import content_text
 from evals.verifiers import ActionRecord, EvalOutput, ToolCall, TrajectoryFacts
 from guardrails.models import ApprovalEvent, ApprovalEventKind, ApprovalStatus
 from routing.models import Handoff
@@ -62,15 +63,6 @@ def _arguments(value: Any) -> dict[str, Any]:
         except orjson.JSONDecodeError:
             return {}
     return dict(value) if isinstance(value, Mapping) else {}
-
-
-def _text_of(content: Any) -> str | None:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # OpenAI content parts
-        texts = [str(part["text"]) for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)]
-        return "".join(texts) if texts else None
-    return None
 
 
 def _requested_arguments(message: Mapping[str, Any] | None, tool: str) -> dict[str, Any]:
@@ -225,12 +217,18 @@ def trajectory_facts(*, trajectory: Trajectory) -> TrajectoryFacts:
 def eval_output_from_trajectory(*, trajectory: Trajectory) -> EvalOutput:
     """The trajectory as an eval output: its final answer's text (the last model answer with text, else
     the stored output preview), its tool calls in order, and its facts."""
+    return eval_output_and_view(trajectory=trajectory)[0]
+
+
+def eval_output_and_view(*, trajectory: Trajectory) -> tuple[EvalOutput, tracing_steps.TrajectoryView]:
+    """`eval_output_from_trajectory` and the view it read, for a caller that needs both (one read of spans)."""
     read = _read(trajectory)
     text: str | None = None
     for step in reversed(read.view.steps):
         if step.kind == "llm_call" and step.output_message is not None:
-            text = _text_of(step.output_message.get("content"))
+            text = content_text(step.output_message.get("content"))
             if text:
                 break
     tool_calls = tuple(ToolCall(call.name, _arguments(call.arguments)) for call in read.view.tool_calls)
-    return EvalOutput(text=text or trajectory.output_preview, tool_calls=tool_calls, trajectory=read.facts)
+    output = EvalOutput(text=text or trajectory.output_preview, tool_calls=tool_calls, trajectory=read.facts)
+    return output, read.view

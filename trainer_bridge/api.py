@@ -224,7 +224,7 @@ def _job_out(found: TrainingJob) -> dict[str, Any]:
         "model_target": found.model_target.alias if found.model_target else None,
         "comparison_run": found.comparison_run_id,
         "error": found.error,
-        "metrics": [{"step": metric.step, **metric.values} for metric in found.metrics.order_by("step")],
+        "metrics": [{"step": metric.step, **metric.values} for metric in found.metrics.all()],  # by step
         "created_at": found.created_at,
         "finished_at": found.finished_at,
     }
@@ -340,7 +340,11 @@ def export_manifest_api(request: HttpRequest, export_id: int) -> Any:
 @router.get("/training-jobs", auth=READ, response={200: list[JobOut], **ERRORS})
 def job_list_api(request: HttpRequest) -> Any:
     _workspace_wide(request)
-    found = TrainingJob.objects.filter(workspace=request_workspace(request)).select_related("model_target")
+    found = (
+        TrainingJob.objects.filter(workspace=request_workspace(request))
+        .select_related("model_target")
+        .prefetch_related("metrics")
+    )
     return [_job_out(job) for job in found.order_by("-created_at", "-pk")[:100]]
 
 

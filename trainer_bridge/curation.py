@@ -219,7 +219,8 @@ def trajectories(*, workspace: Workspace, query: Mapping[str, Any]) -> QuerySet[
 class _Rewards:
     """Reward inputs of a chunk of trajectories, read in a few queries."""
 
-    scores: dict[tuple[int, str, str], list[float]] = field(default_factory=dict)  # (trajectory, name, source)
+    # trajectory -> (score name, score source) -> values
+    scores: dict[int, dict[tuple[str, str], list[float]]] = field(default_factory=dict)
     run_scores: dict[tuple[str, str], float] = field(default_factory=dict)  # (trace id, evaluator)
     corrections: dict[int, str] = field(default_factory=dict)
     items: dict[str, int] = field(default_factory=dict)  # trace id -> dataset item (or run item) id
@@ -245,7 +246,7 @@ def _rewards_read(workspace: Workspace, chunk: Sequence[Trajectory], reward: Map
         if data_type == ScoreDataType.CORRECTION and text:
             read.corrections[trajectory_id] = text
         elif name in score_names and value is not None:
-            read.scores.setdefault((trajectory_id, name, source), []).append(value)
+            read.scores.setdefault(trajectory_id, {}).setdefault((name, source), []).append(value)
     if evaluator_names:
         for trace_id, evaluator, value in RunScore.objects.filter(
             sample__item__run__workspace=workspace,
@@ -272,8 +273,8 @@ def _part_reward(part: Mapping[str, Any], trajectory: Trajectory, read: _Rewards
         wanted = part.get("score_source")
         values = [
             value
-            for (trajectory_id, name, score_source), found in read.scores.items()
-            if trajectory_id == trajectory.pk and name == part["name"] and (wanted is None or score_source == wanted)
+            for (name, score_source), found in read.scores.get(trajectory.pk, {}).items()
+            if name == part["name"] and (wanted is None or score_source == wanted)
             for value in found
         ]
         return sum(values) / len(values) if values else None

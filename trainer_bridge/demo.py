@@ -27,7 +27,7 @@ import io
 import json
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from django.conf import settings
@@ -62,6 +62,19 @@ TRAINING_CONFIG = {
 SERVE = {"model": "keel-demo/ride-support-grpo"}  # the FAKE demo provider, not the adapter (see above)
 
 
+def _split_seed(workspace: Workspace, query: Mapping[str, object], reward: Mapping[str, object]) -> int:
+    """The first split seed that holds at least one group out, as a team would pick it. Groups are keyed by
+    dataset item ids, which differ from one database to the next, so a fixed seed may hold out none."""
+    for seed in range(20):
+        snapshot = {"query": query, "grouping": "dataset_item", "reward": reward}
+        filters = {"validation_share": 0.25, "seed": seed}
+        if services.curation_preview(workspace=workspace, snapshot={**snapshot, "filters": filters}).preview.splits.get(
+            "validation"
+        ):
+            return seed
+    return 0
+
+
 def demo_trainer_seed(workspace: Workspace) -> None:
     """Seed the curations, their exports and the training jobs, once.
 
@@ -73,16 +86,17 @@ def demo_trainer_seed(workspace: Workspace) -> None:
     _settle(workspace)  # the eval runs' spans are still in their ingest batches
     rollouts = _rollouts_run(suite, owner)
     eval_runs = [*Run.objects.filter(suite=suite).order_by("pk").values_list("pk", flat=True), rollouts.pk]
+    query, reward = {"runs": eval_runs}, {"source": "run_score", "evaluator": REWARD_EVALUATOR}
     eval_groups = services.curation_create(
         workspace=workspace,
         name=EVAL_CURATION,
         description="The regression set's k = 4 answers from the nightly suite's runs (prompt v1 and v2) and "
         "from the single-call tier, grouped by question and rewarded by similarity to the support leads' "
         "reference answer: GRPO material.",
-        query={"runs": eval_runs},
+        query=query,
         grouping="dataset_item",
-        reward={"source": "run_score", "evaluator": REWARD_EVALUATOR},
-        filters={"validation_share": 0.25},
+        reward=reward,
+        filters={"validation_share": 0.25, "seed": _split_seed(workspace, query, reward)},
         created_by=owner,
     )
     services.curation_create(
