@@ -1,4 +1,4 @@
-"""Django admin for staff: workspaces, people, keys, agents, requirements and prompts.
+"""Django admin for staff: workspaces, people, keys, agents, requirements, prompts and the audit log.
 
 Versions are immutable (the database refuses updates), so their admins are read-only; a key's hash
 is never editable, and new keys are made in the dashboard or with `manage.py apikey_create`, where
@@ -16,6 +16,7 @@ from django.http import HttpRequest
 from agent_registry.models import (
     Agent,
     ApiKey,
+    AuditEvent,
     Membership,
     Prompt,
     PromptLabel,
@@ -104,3 +105,15 @@ class PromptLabelMoveAdmin(ReadOnlyAdmin):
 @admin.register(WorkerHeartbeat)
 class WorkerHeartbeatAdmin(ReadOnlyAdmin):
     list_display = ("hostname", "last_seen_at", "beats")
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(ReadOnlyAdmin):
+    """Append-only (the database refuses updates): read, never edited or deleted here."""
+
+    list_display = ("created_at", "workspace", "action", "actor_label", "target_type", "target_name", "ip_address")
+    list_filter = ("action", "actor_kind")
+    search_fields = ("actor_label", "target_name")
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

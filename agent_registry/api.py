@@ -15,7 +15,7 @@ from ninja import Query, Router, Schema, Status
 
 from agent_registry import exceptions, requirements, selectors, services
 from agent_registry.auth import key_auth, langfuse_auth, request_agent_ids, request_api_key, request_workspace
-from agent_registry.models import Agent, ApiKey, Prompt, PromptVersion, RequirementsVersion, Scope
+from agent_registry.models import Agent, ApiKey, AuditEvent, Prompt, PromptVersion, RequirementsVersion, Scope
 from agent_registry.prompts import prompt_diff, template_variables
 from agent_registry.schemas import (
     AgentDetailOut,
@@ -25,6 +25,8 @@ from agent_registry.schemas import (
     ApiKeyCreatedOut,
     ApiKeyIn,
     ApiKeyOut,
+    AuditEventPageOut,
+    AuditEventQuery,
     ConfigurationOut,
     ErrorOut,
     FindingOut,
@@ -62,6 +64,7 @@ ERRORS: dict[int, type[Schema]] = {
     403: ErrorOut,
     404: ErrorOut,
     409: ErrorOut,
+    413: ErrorOut,
     422: ErrorOut,
 }
 
@@ -190,6 +193,7 @@ def agent_create_api(request: HttpRequest, payload: AgentIn) -> Any:
             name=payload.name,
             description=payload.description,
             status=payload.status,
+            created_via_key=request_api_key(request),
         )
         if payload.requirements is not None:
             services.requirements_version_create(
@@ -213,20 +217,22 @@ def agent_get_api(request: HttpRequest, slug: str) -> Any:
 
 @router.patch("/agents/{slug}", auth=WRITE, response={200: AgentDetailOut, **ERRORS})
 def agent_update_api(request: HttpRequest, slug: str, payload: AgentPatch) -> Any:
-    agent = services.agent_update(agent=_agent(request, slug), fields=payload.dict(exclude_unset=True))
+    agent = services.agent_update(
+        agent=_agent(request, slug), fields=payload.dict(exclude_unset=True), updated_via_key=request_api_key(request)
+    )
     return _agent_detail(agent)
 
 
 @router.delete("/agents/{slug}", auth=WRITE, response={204: None, **ERRORS})
 def agent_delete_api(request: HttpRequest, slug: str) -> Any:
-    services.agent_delete(agent=_agent(request, slug))
+    services.agent_delete(agent=_agent(request, slug), deleted_via_key=request_api_key(request))
     return Status(204, None)
 
 
 # --- Requirements -----------------------------------------------------------------------------
 
 
-@router.get("/requirements/schema", auth=READ)
+@router.get("/requirements/schema", auth=READ, response={200: dict[str, Any], **ERRORS})
 def requirements_schema_api(request: HttpRequest) -> dict[str, Any]:
     """JSON Schema of the answers to the six forcing questions."""
     return requirements.Requirements.model_json_schema()
@@ -388,7 +394,7 @@ def prompt_version_get_api(request: HttpRequest, name: str, version: int) -> Any
     ["PUT", "PATCH", "DELETE"],
     "/prompts/{path:name}/versions/{int:version}",
     auth=WRITE,
-    response={405: ErrorOut},
+    response={405: ErrorOut, **ERRORS},
 )
 def prompt_version_edit_api(request: HttpRequest, name: str, version: int) -> Any:
     """Versions are immutable: publish a new version and move a label instead."""
@@ -499,7 +505,7 @@ def prompt_update_api(request: HttpRequest, name: str, payload: PromptPatch) -> 
 def prompt_delete_api(request: HttpRequest, name: str) -> Any:
     """Delete a prompt, its versions, labels and deployment history. 409 `prompt_in_use` while the
     production label points at a version, or trajectories or chain steps use one."""
-    services.prompt_delete(prompt=_prompt(request, name))
+    services.prompt_delete(prompt=_prompt(request, name), deleted_via_key=request_api_key(request))
     return Status(204, None)
 
 
@@ -540,6 +546,7 @@ def apikey_create_api(request: HttpRequest, payload: ApiKeyIn) -> Any:
         name=payload.name,
         scopes=payload.scopes,
         agents=agents,
+        created_via_key=caller,
         expires_at=payload.expires_at,
     )
     return Status(201, {**_key_out(api_key), "key": raw_key})
@@ -550,7 +557,46 @@ def apikey_revoke_api(request: HttpRequest, key_id: int) -> Any:
     api_key = selectors.apikey_get(
         workspace=request_workspace(request), key_id=key_id, agent_ids=request_agent_ids(request)
     )
-    return _key_out(services.apikey_revoke(api_key=api_key))
+    return _key_out(services.apikey_revoke(api_key=api_key, revoked_via_key=request_api_key(request)))
+
+
+# --- Audit log --------------------------------------------------------------------------------
+
+
+def _audit_event_out(event: AuditEvent) -> dict[str, Any]:
+    return {
+        "id": event.pk,
+        "action": event.action,
+        "actor": {
+            "kind": event.actor_kind,
+            "name": event.actor_label,
+            "username": event.actor_user.get_username() if event.actor_user else None,
+            "key_prefix": event.actor_key.prefix if event.actor_key else None,
+        },
+        "target": {"type": event.target_type, "id": event.target_id, "name": event.target_name},
+        "details": event.details,
+        "ip_address": event.ip_address,
+        "created_at": event.created_at,
+    }
+
+
+@router.get("/audit-events", auth=WRITE, response={200: AuditEventPageOut, **ERRORS})
+def audit_event_list_api(request: HttpRequest, query: Query[AuditEventQuery]) -> Any:
+    """The workspace's audit log, newest first: who changed keys, policies, budgets, model targets, labels,
+    approvals, exports and settings. Needs the `write` scope on a key not limited to some agents (the log
+    covers the whole workspace); in the dashboard, owners read it."""
+    if request_agent_ids(request) is not None:
+        raise PermissionDenied("a key limited to some agents cannot read the workspace's audit log")
+    page = selectors.audit_event_list(
+        workspace=request_workspace(request),
+        action=query.action,
+        actor=query.actor,
+        since=query.since,
+        until=query.until,
+        cursor=query.cursor,
+        limit=query.limit,
+    )
+    return {"items": [_audit_event_out(event) for event in page.events], "next_cursor": page.next_cursor}
 
 
 # --- Langfuse compatibility -------------------------------------------------------------------

@@ -1,5 +1,8 @@
 """API authentication: `Authorization: Bearer <key>`, and HTTP Basic for Langfuse SDKs (secret key = the
-Keel key). Each operation names the scope it needs; a key without it gets 403, an unknown key 401."""
+Keel key). Each operation names the scope it needs; a key without it gets 403, an unknown key 401.
+
+Rate limits (agent_registry/ratelimit.py) apply here: a key over its budget for the scope gets 429, and a
+client address that sent too many unknown keys gets 429 before its next key is looked at."""
 
 from __future__ import annotations
 
@@ -9,17 +12,29 @@ from typing import Any
 from django.http import HttpRequest
 from ninja.security import HttpBasicAuth, HttpBearer
 
-from agent_registry import selectors, services
+from agent_registry import ratelimit, selectors, services
+from agent_registry.middleware import client_ip
 from agent_registry.models import ApiKey, Scope, Workspace
 from config.errors import PermissionDenied, Unauthenticated
 
 
-def _key_with_scope(raw_key: str, scope: Scope) -> ApiKey | None:
+def api_key_authenticate(request: HttpRequest, raw_key: str) -> ApiKey | None:
+    """The live key for `raw_key`, or None (401), counting failures against the client's address."""
+    ip = client_ip(request)
+    ratelimit.auth_blocked_check(ip=ip)
     api_key = services.apikey_authenticate(raw_key=raw_key.strip())
+    if api_key is None:
+        ratelimit.auth_failure_record(ip=ip)
+    return api_key
+
+
+def _key_with_scope(request: HttpRequest, raw_key: str, scope: Scope) -> ApiKey | None:
+    api_key = api_key_authenticate(request, raw_key)
     if api_key is None:
         return None
     if scope not in api_key.scopes:
         raise PermissionDenied(f"this API key lacks the {scope.value!r} scope", code="insufficient_scope")
+    ratelimit.apikey_check(api_key=api_key, scope=scope)
     return api_key
 
 
@@ -29,7 +44,7 @@ class ApiKeyBearer(HttpBearer):
         self.scope = scope
 
     def authenticate(self, request: HttpRequest, token: str) -> ApiKey | None:
-        return _key_with_scope(token, self.scope)
+        return _key_with_scope(request, token, self.scope)
 
 
 class ApiKeyBasic(HttpBasicAuth):
@@ -40,7 +55,7 @@ class ApiKeyBasic(HttpBasicAuth):
         self.scope = scope
 
     def authenticate(self, request: HttpRequest, username: str, password: str) -> ApiKey | None:
-        return _key_with_scope(password, self.scope)
+        return _key_with_scope(request, password, self.scope)
 
 
 def api_key_from_headers(request: HttpRequest, scope: Scope) -> ApiKey | None:
@@ -48,13 +63,13 @@ def api_key_from_headers(request: HttpRequest, scope: Scope) -> ApiKey | None:
     header = request.headers.get("Authorization", "")
     kind, _, value = header.partition(" ")
     if kind.lower() == "bearer" and value:
-        return _key_with_scope(value, scope)
+        return _key_with_scope(request, value, scope)
     if kind.lower() == "basic" and value:
         try:
             _, _, secret = base64.b64decode(value, validate=True).decode().partition(":")
         except (ValueError, UnicodeDecodeError):
             return None
-        return _key_with_scope(secret, scope) if secret else None
+        return _key_with_scope(request, secret, scope) if secret else None
     return None
 
 

@@ -448,6 +448,7 @@ def _agent(
             description=description,
             owner=owner,
             status=AgentStatus.ACTIVE,
+            created_by=owner,
         )
     if not agent.requirements_versions.exists():
         for version_answers, message in history:
@@ -495,7 +496,7 @@ def demo_seed() -> Workspace:
         workspace = services.workspace_create(slug=DEMO_WORKSPACE, name="Demo workspace", owner=owner)
     services.membership_set(workspace=workspace, user=owner, role=Role.OWNER)
     viewer = _user("demo-viewer", DEMO_PASSWORD, first_name="Viewer")
-    services.membership_set(workspace=workspace, user=viewer, role=Role.VIEWER)
+    services.membership_set(workspace=workspace, user=viewer, role=Role.VIEWER, set_by=owner)
 
     shopping = _agent(
         workspace,

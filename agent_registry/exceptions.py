@@ -69,3 +69,7 @@ class ApiKeyNotFound(NotFound):
 
 class WorkspaceNotFound(NotFound):
     code = "workspace_not_found"
+
+
+class AuditEventListInvalid(ValidationFailed):
+    code = "audit_event_list_invalid"

@@ -59,6 +59,7 @@ class Scope(models.TextChoices):
     GATEWAY = "gateway", "Call the gateway"
     READ = "read", "Read"
     WRITE = "write", "Write"
+    TRAIN = "train", "Run training jobs"
 
 
 class AgentStatus(models.TextChoices):
@@ -254,3 +255,98 @@ class WorkerHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.hostname} @ {self.last_seen_at:%H:%M:%S}"
+
+
+class AuditAction(models.TextChoices):
+    """The administrative actions the audit log records, named `<thing>.<what happened>`."""
+
+    WORKSPACE_CREATED = "workspace.created", "Workspace created"
+    MEMBER_ADDED = "member.added", "Member added"
+    MEMBER_ROLE_CHANGED = "member.role_changed", "Member's role changed"
+    APIKEY_CREATED = "apikey.created", "API key created"
+    APIKEY_REVOKED = "apikey.revoked", "API key revoked"
+    AGENT_CREATED = "agent.created", "Agent created"
+    AGENT_CHANGED = "agent.changed", "Agent settings changed"
+    AGENT_DELETED = "agent.deleted", "Agent deleted"
+    PROMPT_LABEL_MOVED = "prompt.label_moved", "Prompt label moved"
+    PROMPT_LABEL_DELETED = "prompt.label_deleted", "Prompt label deleted"
+    PROMPT_DELETED = "prompt.deleted", "Prompt deleted"
+    POLICY_CREATED = "policy.created", "Guardrail policy created"
+    POLICY_CHANGED = "policy.changed", "Guardrail policy changed"
+    BUDGET_CREATED = "budget.created", "Budget created"
+    BUDGET_DELETED = "budget.deleted", "Budget deleted"
+    APPROVAL_DECIDED = "approval.decided", "Approval decided"
+    MODEL_TARGET_CREATED = "model_target.created", "Model target created"
+    MODEL_TARGET_CHANGED = "model_target.changed", "Model target changed"
+    MODEL_TARGET_DELETED = "model_target.deleted", "Model target deleted"
+    TOOL_CREATED = "tool.created", "Tool created"
+    TOOL_CHANGED = "tool.changed", "Tool changed"
+    TOOL_DELETED = "tool.deleted", "Tool deleted"
+    ROUTER_CHANGED = "router.changed", "Router configuration changed"
+    ALERT_RULE_CREATED = "alert_rule.created", "Alert rule created"
+    ALERT_RULE_CHANGED = "alert_rule.changed", "Alert rule changed"
+    ALERT_RULE_DELETED = "alert_rule.deleted", "Alert rule deleted"
+    LANGFUSE_MIRROR_CHANGED = "langfuse_mirror.changed", "Langfuse mirror configured"
+    LANGFUSE_MIRROR_DELETED = "langfuse_mirror.deleted", "Langfuse mirror removed"
+    MODEL_PRICE_CHANGED = "model_price.changed", "Model price set"
+    EXPORT_CREATED = "export.created", "Export created"
+    EXPORT_DOWNLOADED = "export.downloaded", "Export downloaded"
+    TRAINING_JOB_CREATED = "training_job.created", "Training job created"
+
+
+class AuditActorKind(models.TextChoices):
+    USER = "user", "Person"
+    API_KEY = "api_key", "API key"
+    KEEL = "keel", "Keel"
+
+
+class AuditEvent(models.Model):
+    """One administrative action in a workspace: who (a person, an API key, or Keel itself), what, on
+    which object, from where and when. Written by `agent_registry.audit.record` in the transaction of the
+    action, so an action that fails leaves no event. Append-only; `details` never holds a secret.
+
+    The actor's name is copied into `actor_label`, and the target's into `target_name`, so an event still
+    reads right after the user, key or object is gone."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="audit_events")
+    action = models.CharField(max_length=40, choices=AuditAction.choices)
+    actor_kind = models.CharField(max_length=8, choices=AuditActorKind.choices)
+    actor_user = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    actor_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    actor_label = models.CharField(max_length=200)
+    target_type = models.CharField(max_length=64, blank=True)
+    target_id = models.CharField(max_length=64, blank=True)
+    target_name = models.CharField(max_length=200, blank=True)
+    details = models.JSONField(default=dict, blank=True)
+    ip_address = models.GenericIPAddressField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        indexes: ClassVar = [
+            models.Index(fields=["workspace", "-created_at", "-id"], name="auditevent_recent"),
+            models.Index(fields=["workspace", "action", "-created_at"], name="auditevent_action"),
+        ]
+        constraints: ClassVar = [
+            models.CheckConstraint(condition=Q(action__in=AuditAction.values), name="auditevent_action_valid"),
+            models.CheckConstraint(condition=Q(actor_kind__in=AuditActorKind.values), name="auditevent_actor_valid"),
+        ]
+        ordering = ("-created_at", "-id")
+
+    def __str__(self) -> str:
+        return f"{self.action} by {self.actor_label} at {self.created_at:%Y-%m-%d %H:%M:%S}"
+
+
+class RateLimitBucket(models.Model):
+    """A token bucket of the rate limiter (agent_registry.ratelimit), shared by every Keel process.
+
+    `tokens` as of `stamp` (seconds on the limiter's clock); one UPSERT refills, takes a token and says
+    whether one was there. The table is UNLOGGED (migration 0007): a crash forgets the buckets, which
+    only gives everyone a full bucket again, and in exchange no write waits for the WAL."""
+
+    key = models.CharField(max_length=200, primary_key=True)
+    tokens = models.FloatField()
+    stamp = models.FloatField()
+    allowed = models.BooleanField(default=True)
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.tokens:.2f} tokens"

@@ -269,3 +269,43 @@ class LangfusePromptIn(Schema):
     labels: list[str] = Field(default_factory=list)
     tags: list[str] | None = None
     commitMessage: str | None = None  # Langfuse's field name
+
+
+# --- Audit log --------------------------------------------------------------------------------
+
+
+class AuditEventQuery(Schema):
+    action: str | None = Field(None, description="an action (`apikey.created`) or a prefix ending in a dot (`apikey.`)")
+    actor: str | None = Field(None, description="a username, an API key's prefix, or `keel`")
+    since: datetime | None = None
+    until: datetime | None = None
+    limit: int = Field(50, ge=1, le=200)
+    cursor: str | None = None
+
+
+class AuditActorOut(Schema):
+    kind: Literal["user", "api_key", "keel"]
+    name: str = Field(description="the username, the key's name and prefix, or Keel (kept after either is deleted)")
+    username: str | None
+    key_prefix: str | None
+
+
+class AuditTargetOut(Schema):
+    type: str = Field(description="the kind of object, as app.model (`routing.modeltarget`); empty for none")
+    id: str
+    name: str
+
+
+class AuditEventOut(Schema):
+    id: int
+    action: str
+    actor: AuditActorOut
+    target: AuditTargetOut
+    details: dict[str, Any]
+    ip_address: str | None
+    created_at: datetime
+
+
+class AuditEventPageOut(Schema):
+    items: list[AuditEventOut]
+    next_cursor: str | None

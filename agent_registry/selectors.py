@@ -3,15 +3,22 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 from collections.abc import Collection
+from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Count, F, Max, Prefetch, QuerySet
+from django.db.models import Count, F, Max, Prefetch, Q, QuerySet
 
 from agent_registry import exceptions, requirements
 from agent_registry.models import (
     Agent,
     ApiKey,
+    AuditAction,
+    AuditActorKind,
+    AuditEvent,
     Membership,
     Prompt,
     PromptLabel,
@@ -277,3 +284,86 @@ def prompt_label_move_list_for_workspace(*, workspace: Workspace, limit: int = 1
         .select_related("prompt", "prompt__agent", "from_version", "to_version", "moved_by", "moved_via_key")
         .order_by("-moved_at", "-id")[:limit]
     )
+
+
+# --- Audit log --------------------------------------------------------------------------------
+
+AUDIT_PAGE_MAX = 200
+
+
+@dataclass(frozen=True)
+class AuditEventPage:
+    events: list[AuditEvent]
+    next_cursor: str | None
+
+
+def _audit_cursor_encode(event: AuditEvent) -> str:
+    raw = json.dumps([event.created_at.isoformat(), event.pk]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _audit_cursor_decode(cursor: str) -> tuple[datetime, int]:
+    try:
+        moment, pk = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        parsed = datetime.fromisoformat(moment)
+        if not isinstance(pk, int) or parsed.tzinfo is None:
+            raise ValueError("bad cursor")
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise exceptions.AuditEventListInvalid(
+            "invalid cursor", errors=[{"field": "cursor", "message": "not a cursor this list gave out"}]
+        ) from None
+    return parsed, pk
+
+
+def audit_event_list(
+    *,
+    workspace: Workspace,
+    action: str | None = None,
+    actor: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    cursor: str | None = None,
+    limit: int = 50,
+) -> AuditEventPage:
+    """The workspace's audit events, newest first, `limit` at a time; `next_cursor` reads on (keyset, so
+    a page stays right while events arrive). `action` is one action, or a prefix ending in a dot
+    (`apikey.`); `actor` a username, an API key's prefix, or `keel`."""
+    events = AuditEvent.objects.filter(workspace=workspace).select_related("actor_user", "actor_key")
+    if action:
+        if action.endswith("."):
+            if not any(value.startswith(action) for value in AuditAction.values):
+                raise exceptions.AuditEventListInvalid(
+                    f"no audit action starts with {action!r}", errors=[{"field": "action", "message": "unknown"}]
+                )
+            events = events.filter(action__startswith=action)
+        elif action in AuditAction.values:
+            events = events.filter(action=action)
+        else:
+            raise exceptions.AuditEventListInvalid(
+                f"unknown audit action {action!r}", errors=[{"field": "action", "message": "unknown"}]
+            )
+    if actor:
+        if actor.strip().lower() == AuditActorKind.KEEL:
+            events = events.filter(actor_kind=AuditActorKind.KEEL)
+        else:
+            events = events.filter(Q(actor_user__username=actor.strip()) | Q(actor_key__prefix=actor.strip()))
+    if since is not None:
+        events = events.filter(created_at__gte=since)
+    if until is not None:
+        events = events.filter(created_at__lt=until)
+    if cursor:
+        moment, pk = _audit_cursor_decode(cursor)
+        events = events.filter(Q(created_at__lt=moment) | Q(created_at=moment, pk__lt=pk))
+    limit = max(1, min(limit, AUDIT_PAGE_MAX))
+    page = list(events.order_by("-created_at", "-pk")[: limit + 1])
+    more = len(page) > limit
+    page = page[:limit]
+    return AuditEventPage(events=page, next_cursor=_audit_cursor_encode(page[-1]) if more and page else None)
+
+
+def audit_actor_list(*, workspace: Workspace) -> list[str]:
+    """The people and keys that appear in the workspace's audit log, for a filter's choices."""
+    events = AuditEvent.objects.filter(workspace=workspace)
+    usernames = events.filter(actor_user__isnull=False).values_list("actor_user__username", flat=True).distinct()
+    prefixes = events.filter(actor_key__isnull=False).values_list("actor_key__prefix", flat=True).distinct()
+    return sorted(usernames) + sorted(prefixes)

@@ -17,11 +17,12 @@ from django.db.models import F, Max, Q
 from django.utils import timezone
 from pydantic import ValidationError
 
-from agent_registry import exceptions, prompts, requirements, selectors
+from agent_registry import audit, exceptions, prompts, requirements, selectors
 from agent_registry.models import (
     Agent,
     AgentStatus,
     ApiKey,
+    AuditAction,
     Membership,
     Prompt,
     PromptLabel,
@@ -44,11 +45,25 @@ def workspace_create(*, slug: str, name: str, owner: User) -> Workspace:
     workspace.full_clean()
     workspace.save()
     Membership.objects.create(workspace=workspace, user=owner, role=Role.OWNER)
+    audit.record(workspace=workspace, action=AuditAction.WORKSPACE_CREATED, user=owner, target=workspace)
     return workspace
 
 
-def membership_set(*, workspace: Workspace, user: User, role: Role) -> Membership:
-    membership, _ = Membership.objects.update_or_create(workspace=workspace, user=user, defaults={"role": role})
+@transaction.atomic
+def membership_set(*, workspace: Workspace, user: User, role: Role, set_by: User | None = None) -> Membership:
+    """Give `user` `role` in the workspace (adding them if new). Setting the role they have changes nothing."""
+    existing = Membership.objects.select_for_update().filter(workspace=workspace, user=user).first()
+    if existing is not None and existing.role == role:
+        return existing
+    membership, created = Membership.objects.update_or_create(workspace=workspace, user=user, defaults={"role": role})
+    audit.record(
+        workspace=workspace,
+        action=AuditAction.MEMBER_ADDED if created else AuditAction.MEMBER_ROLE_CHANGED,
+        user=set_by,
+        target=membership,
+        target_name=user.get_username(),
+        details={"role": role, **({"previous_role": existing.role} if existing is not None else {})},
+    )
     return membership
 
 
@@ -69,6 +84,7 @@ def apikey_create(
     scopes: Sequence[str],
     agents: Iterable[Agent] = (),
     created_by: User | None = None,
+    created_via_key: ApiKey | None = None,
     expires_at: datetime | None = None,
 ) -> tuple[ApiKey, str]:
     """Create a key and return it with its plaintext, which is never stored and cannot be shown again.
@@ -98,12 +114,36 @@ def apikey_create(
         expires_at=expires_at,
     )
     api_key.agents.set(agents)
+    audit.record(
+        workspace=workspace,
+        action=AuditAction.APIKEY_CREATED,
+        user=created_by,
+        api_key=created_via_key,
+        target=api_key,
+        details={
+            "prefix": api_key.prefix,
+            "scopes": api_key.scopes,
+            "agents": sorted(agent.slug for agent in agents),
+            "expires_at": expires_at.isoformat() if expires_at else None,
+        },
+    )
     return api_key, raw_key
 
 
-def apikey_revoke(*, api_key: ApiKey) -> ApiKey:
-    ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+@transaction.atomic
+def apikey_revoke(*, api_key: ApiKey, revoked_by: User | None = None, revoked_via_key: ApiKey | None = None) -> ApiKey:
+    """Revoke the key (from now on it gets 401). Revoking a revoked key changes nothing."""
+    revoked = ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
     api_key.refresh_from_db(fields=["revoked_at"])
+    if revoked:
+        audit.record(
+            workspace=api_key.workspace_id,
+            action=AuditAction.APIKEY_REVOKED,
+            user=revoked_by,
+            api_key=revoked_via_key,
+            target=api_key,
+            details={"prefix": api_key.prefix},
+        )
     return api_key
 
 
@@ -143,38 +183,82 @@ def agent_create(
     description: str = "",
     owner: User | None = None,
     status: str = AgentStatus.DRAFT,
+    created_by: User | None = None,
+    created_via_key: ApiKey | None = None,
 ) -> Agent:
     agent = Agent(workspace=workspace, slug=slug, name=name, description=description, owner=owner, status=status)
     agent.full_clean(exclude=["current_requirements"], validate_unique=False, validate_constraints=False)
     try:
         with transaction.atomic():
             agent.save()
+            audit.record(
+                workspace=workspace,
+                action=AuditAction.AGENT_CREATED,
+                user=created_by,
+                api_key=created_via_key,
+                target=agent,
+                details={"slug": agent.slug, "status": agent.status},
+            )
     except IntegrityError:
         raise exceptions.AgentSlugTaken(f"an agent with slug {slug!r} already exists in this workspace") from None
     return agent
 
 
-def agent_update(*, agent: Agent, fields: Mapping[str, Any]) -> Agent:
+def _audit_value(value: Any) -> Any:
+    if isinstance(value, User):
+        return value.get_username()
+    return value
+
+
+@transaction.atomic
+def agent_update(
+    *,
+    agent: Agent,
+    fields: Mapping[str, Any],
+    updated_by: User | None = None,
+    updated_via_key: ApiKey | None = None,
+) -> Agent:
     allowed = {"name", "description", "status", "owner", "trace_retention_days"}
     for field, value in fields.items():
         if field not in allowed:
             raise exceptions.AgentInvalid(
                 f"{field} cannot be changed", errors=[{"field": field, "message": "read-only"}]
             )
+        # full_clean lets None through a blank=True text field, which the NOT NULL column then refuses.
+        if value is None and not Agent._meta.get_field(field).null:
+            raise exceptions.AgentInvalid(f"{field} cannot be null", errors=[{"field": field, "message": "not null"}])
         setattr(agent, field, value)
     agent.full_clean(exclude=["current_requirements"], validate_unique=False, validate_constraints=False)
     agent.save()
+    audit.record(
+        workspace=agent.workspace_id,
+        action=AuditAction.AGENT_CHANGED,
+        user=updated_by,
+        api_key=updated_via_key,
+        target=agent,
+        details={"changes": {field: _audit_value(value) for field, value in sorted(fields.items())}},
+    )
     return agent
 
 
-def agent_delete(*, agent: Agent) -> None:
+def agent_delete(*, agent: Agent, deleted_by: User | None = None, deleted_via_key: ApiKey | None = None) -> None:
     with transaction.atomic():
         # A key limited to this agent alone would serve every agent once the limit cascades away
         # (no agents means all of them): revoke it instead.
         limited = ApiKey.objects.filter(agents=agent).values("pk")
         elsewhere = ApiKey.objects.filter(agents__in=Agent.objects.exclude(pk=agent.pk)).values("pk")
-        ApiKey.objects.filter(pk__in=limited, revoked_at__isnull=True).exclude(pk__in=elsewhere).update(
-            revoked_at=timezone.now()
+        revoked = (
+            ApiKey.objects.filter(pk__in=limited, revoked_at__isnull=True)
+            .exclude(pk__in=elsewhere)
+            .update(revoked_at=timezone.now())
+        )
+        audit.record(
+            workspace=agent.workspace_id,
+            action=AuditAction.AGENT_DELETED,
+            user=deleted_by,
+            api_key=deleted_via_key,
+            target=agent,
+            details={"slug": agent.slug, "keys_revoked": revoked},
         )
         # The current-requirements pointer protects its version; release it before the cascade.
         Agent.objects.filter(pk=agent.pk).update(current_requirements=None)
@@ -386,13 +470,26 @@ def prompt_label_move(
     else:
         existing.version = version
         existing.save(update_fields=["version", "updated_at"])
-    PromptLabelMove.objects.create(
+    move = PromptLabelMove.objects.create(
         prompt=prompt,
         label=label,
         from_version=previous,
         to_version=version,
         moved_by=moved_by,
         moved_via_key=moved_via_key,
+    )
+    audit.record(
+        workspace=prompt.workspace_id,
+        action=AuditAction.PROMPT_LABEL_MOVED,
+        user=moved_by,
+        api_key=moved_via_key,
+        target=prompt,
+        details={
+            "label": label,
+            "from_version": previous.version if previous is not None else None,
+            "to_version": version.version,
+            "label_move_id": move.pk,
+        },
     )
     return existing
 
@@ -404,13 +501,21 @@ def prompt_label_delete(
     existing = PromptLabel.objects.select_for_update().filter(prompt=prompt, name=label).first()
     if existing is None:
         raise exceptions.PromptLabelNotFound(f"prompt {prompt.name!r} has no label {label!r}")
-    PromptLabelMove.objects.create(
+    move = PromptLabelMove.objects.create(
         prompt=prompt,
         label=label,
         from_version_id=existing.version_id,
         to_version=None,
         moved_by=moved_by,
         moved_via_key=moved_via_key,
+    )
+    audit.record(
+        workspace=prompt.workspace_id,
+        action=AuditAction.PROMPT_LABEL_DELETED,
+        user=moved_by,
+        api_key=moved_via_key,
+        target=prompt,
+        details={"label": label, "from_version": existing.version.version, "label_move_id": move.pk},
     )
     existing.delete()
 
@@ -458,7 +563,7 @@ def prompt_update(*, prompt: Prompt, description: str | None = None, tags: Seque
 
 
 @transaction.atomic
-def prompt_delete(*, prompt: Prompt) -> None:
+def prompt_delete(*, prompt: Prompt, deleted_by: User | None = None, deleted_via_key: ApiKey | None = None) -> None:
     """Delete a prompt with its versions, labels and deployment history (label moves).
 
     Refused with `PromptInUse`, nothing deleted, while something still depends on one of its versions
@@ -478,6 +583,14 @@ def prompt_delete(*, prompt: Prompt) -> None:
             f"prompt {locked.name!r} is in use: {'; '.join(reasons)}",
             errors=[{"field": "prompt", "message": reason} for reason in reasons],
         )
+    audit.record(
+        workspace=locked.workspace_id,
+        action=AuditAction.PROMPT_DELETED,
+        user=deleted_by,
+        api_key=deleted_via_key,
+        target=locked,
+        details={"versions": locked.versions.count()},
+    )
     # Labels protect their versions; they go first, then the prompt with everything that cascades from it.
     PromptLabel.objects.filter(prompt=locked).delete()
     Prompt.objects.filter(pk=locked.pk).delete()

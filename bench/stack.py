@@ -123,15 +123,19 @@ def wait_for_http(port: int, path: str, timeout: float) -> bool:
     import http.client
 
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while (left := deadline - time.monotonic()) > 0:
+        # A server that is up answers however busy the machine is: wait for the answer as long as the
+        # deadline allows (a short timeout made a loaded machine send probe after probe, each one
+        # giving up before its answer and adding to the load).
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=left)
         try:
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
             connection.request("GET", path)
             connection.getresponse().read()
-            connection.close()
             return True
         except OSError:
             time.sleep(0.3)
+        finally:
+            connection.close()
     return False
 
 
@@ -165,10 +169,13 @@ class Processes:
         return [name for name, process in self.children if process.poll() is None]
 
     def stop(self, timeout: float = 30.0) -> None:
+        # TERM to each group's leader only, which stops its own children (gunicorn its workers, Celery its
+        # pool). TERM to the whole group also reached Celery's pool processes, and one killed while it
+        # held the pool's queue lock left the worker's main process waiting on that lock until the KILL below.
         for _, process in self.children:
             if process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGTERM)
+                    os.kill(process.pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         for _, process in self.children:
             try:

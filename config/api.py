@@ -1,21 +1,31 @@
 """The API root: one NinjaAPI for Keel's own API (/api/v1/, OpenAPI at /api/v1/openapi.json) and one for
 the paths Langfuse clients call (/api/public/). Errors of every kind leave here as
-`{"detail": ..., "code": ...}` (plus `errors: [{"field", "message"}]` for validation)."""
+`{"detail": ..., "code": ...}` (plus `errors: [{"field", "message"}]` for validation).
+
+A body over DATA_UPLOAD_MAX_MEMORY_SIZE is 413 before it is read, and JSON that PostgreSQL could not store
+(NaN, a NUL character, a lone surrogate) is 400 `invalid_json` (config/json_body.py), not a 500 from the
+database halfway through a write."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import DataError, InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
+from ninja.parser import Parser
 
 from agent_registry.api import langfuse_router
 from agent_registry.api import router as registry_router
+from config import unavailable
 from config.errors import KeelError
+from config.json_body import json_body_loads
 from evals.api import router as evals_router
 from evals.suites_api import router as eval_suites_router
 from guardrails.api import router as guardrails_router
@@ -27,6 +37,13 @@ from tracing.triage_api import router as triage_router
 from trainer_bridge.api import router as training_router
 
 logger = logging.getLogger("config.api")
+
+
+class JsonParser(Parser):
+    """Bodies through `json_body_loads`: JSON PostgreSQL can store, or a 400 `invalid_json`."""
+
+    def parse_body(self, request: HttpRequest) -> dict[str, Any]:
+        return json_body_loads(request.body)  # type: ignore[no-any-return]  # a list body is a list
 
 
 def _error(api: NinjaAPI, request: HttpRequest, status: int, body: dict[str, Any]) -> HttpResponse:
@@ -95,10 +112,44 @@ def _install_error_handlers(api: NinjaAPI) -> None:
     def not_found(request: HttpRequest, error: Http404) -> HttpResponse:
         return _error(api, request, 404, {"detail": "not found", "code": "not_found"})
 
+    @api.exception_handler(RequestDataTooBig)
+    def request_too_big(request: HttpRequest, error: RequestDataTooBig) -> HttpResponse:
+        # Django refuses before reading when Content-Length is over the limit.
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return _error(
+            api, request, 413, {"detail": f"the body is over the limit of {limit} bytes", "code": "payload_too_large"}
+        )
+
+    @api.exception_handler(DataError)
+    @api.exception_handler(OverflowError)
+    def value_out_of_range(request: HttpRequest, error: DataError | OverflowError) -> HttpResponse:
+        # A value that validated but that PostgreSQL or date arithmetic cannot hold: a time zone offset
+        # past ±15:59, a window reaching before year 1. The request's data is at fault, so 400, not 500;
+        # logged with its traceback all the same, in case a computed value is.
+        logger.warning("config.api_value_out_of_range", exc_info=True, extra={"path": request.path})
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        return _error(
+            api,
+            request,
+            400,
+            {"detail": f"a value is out of the range Keel can handle: {reason}", "code": "value_out_of_range"},
+        )
+
     @api.exception_handler(HttpError)
     def http_error(request: HttpRequest, error: HttpError) -> HttpResponse:
+        # ninja wraps what the parser raises in "Cannot parse request body"; the parser's own words are clearer.
+        if isinstance(error.__cause__, KeelError):
+            return keel_error(request, error.__cause__)
         code = {400: "bad_request", 405: "method_not_allowed", 413: "payload_too_large"}.get(error.status_code, "error")
         return _error(api, request, error.status_code, {"detail": str(error), "code": code})
+
+    @api.exception_handler(OperationalError)
+    @api.exception_handler(InterfaceError)
+    def database_unavailable(request: HttpRequest, error: Exception) -> HttpResponse:
+        logger.warning("config.api_database_unavailable", extra={"path": request.path, "error": str(error)[:500]})
+        response = _error(api, request, 503, {"detail": unavailable.DETAIL, "code": unavailable.CODE})
+        response["Retry-After"] = str(unavailable.RETRY_AFTER_SECONDS)
+        return response
 
     @api.exception_handler(Exception)
     def unexpected_error(request: HttpRequest, error: Exception) -> HttpResponse:
@@ -111,6 +162,7 @@ api = NinjaAPI(
     version="1",
     description="Agents and their requirements, prompts, keys. Authenticate with `Authorization: Bearer <key>`.",
     urls_namespace="api",
+    parser=JsonParser(),
 )
 api.add_router("/", registry_router)
 api.add_router("/", tracing_router)
@@ -130,6 +182,7 @@ langfuse_api = NinjaAPI(
     description="The subset of Langfuse's public API that its SDKs call, served from Keel's data.",
     urls_namespace="langfuse",
     docs_url=None,
+    parser=JsonParser(),
 )
 langfuse_api.add_router("/", langfuse_router)
 _install_error_handlers(langfuse_api)

@@ -63,6 +63,13 @@ class ValidationFailed(KeelError):
     code = "validation_error"
 
 
+class InvalidJson(KeelError):
+    """A body that is not JSON Keel can store: malformed, not UTF-8, NaN, nested past the limit, or
+    holding a NUL character or a lone surrogate, which PostgreSQL text cannot hold."""
+
+    code = "invalid_json"
+
+
 class Throttled(KeelError):
     status = 429
     code = "throttled"

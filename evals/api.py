@@ -194,7 +194,7 @@ def dataset_add_trajectories_api(request: HttpRequest, name: str, payload: FromT
     response={200: None, **ERRORS},
     openapi_extra={
         "responses": {
-            "200": {
+            200: {
                 "description": "The version's items",
                 "content": {media: {"schema": {"type": "string"}} for media in _MEDIA_TYPES.values()},
             }

@@ -24,6 +24,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from config.errors import InvalidJson
+from config.json_body import holds_nul, json_loads_storable
+
 FIELDS = (
     "task",
     "input_messages",
@@ -105,7 +108,7 @@ def _messages(value: object, problems: _Collector) -> tuple[Mapping[str, Any], .
         where = f"input_messages[{index}]"
         if not isinstance(message, dict):
             problems.add(where, "must be an object with a role and content")
-        elif message.get("role") not in MESSAGE_ROLES:
+        elif not isinstance(message.get("role"), str) or message["role"] not in MESSAGE_ROLES:
             problems.add(f"{where}.role", f"must be one of {', '.join(sorted(MESSAGE_ROLES))}")
         elif not isinstance(message.get("content"), str | list | None):
             problems.add(f"{where}.content", "must be text, a list of parts or null")
@@ -162,6 +165,10 @@ def item_parse(data: object, *, line: int) -> ItemData:
         raise ItemsInvalid([Problem(line, "item", "must be a JSON object")])
     for name in sorted(set(data) - set(FIELDS)):
         problems.add(name, f"is not a field of an item ({', '.join(FIELDS)})")
+    for name in FIELDS:
+        # A CSV cell may hold a NUL that no JSON escaping hid; PostgreSQL text cannot.
+        if holds_nul(data.get(name)):
+            problems.add(name, "holds a NUL character (\\u0000), which cannot be stored")
 
     task = data.get("task")
     if task is None:
@@ -254,9 +261,9 @@ def _jsonl_rows(text: str) -> Iterator[tuple[int, object]]:
         if not raw.strip():
             continue
         try:
-            yield line, json.loads(raw)
-        except ValueError as error:
-            yield line, Problem(line, "item", f"is not JSON: {error}")
+            yield line, json_loads_storable(raw)
+        except InvalidJson as error:
+            yield line, Problem(line, "item", error.detail)
 
 
 def _csv_rows(text: str) -> Iterator[tuple[int, object]]:
@@ -281,9 +288,9 @@ def _csv_rows(text: str) -> Iterator[tuple[int, object]]:
                     continue
                 if name in _JSON_FIELDS:
                     try:
-                        data[name] = json.loads(value)
-                    except ValueError as error:
-                        yield line, Problem(line, name, f"is not JSON: {error}")
+                        data[name] = json_loads_storable(value)
+                    except InvalidJson as error:
+                        yield line, Problem(line, name, error.detail)
                         bad = True
                 else:
                     data[name] = value
@@ -313,7 +320,9 @@ def items_to_jsonl(items: Sequence[ItemData]) -> str:
 
 def items_to_csv(items: Sequence[ItemData]) -> str:
     out = io.StringIO(newline="")
-    writer = csv.DictWriter(out, fieldnames=FIELDS, lineterminator="\n")
+    # RFC 4180's CRLF: the writer quotes a cell holding any character of the line terminator, so a text
+    # with a lone carriage return is quoted too (with "\n" alone it was not, and read back as two rows).
+    writer = csv.DictWriter(out, fieldnames=FIELDS, lineterminator="\r\n")
     writer.writeheader()
     for item in items:
         row: dict[str, str] = {}

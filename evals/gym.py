@@ -37,6 +37,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Final, cast
 
+from config.errors import InvalidJson
+from config.json_body import json_loads_storable
 from evals.dataset_items import MAX_PROBLEMS, Problem
 from evals.metrics import DEFAULT_KS, ItemResult, RunReport, Sample, run_report
 
@@ -383,12 +385,12 @@ def rollouts_read(
             problems.append(Problem(line, "file", f"holds more than {MAX_ROLLOUTS} rollouts"))
             break
         try:
-            data = json.loads(raw.decode("utf-8"))
+            data = json_loads_storable(raw.decode("utf-8"))
         except UnicodeDecodeError:
             problems.append(Problem(line, "rollout", "is not UTF-8 text"))
             continue
-        except ValueError as error:
-            problems.append(Problem(line, "rollout", f"is not JSON: {error}"))
+        except InvalidJson as error:
+            problems.append(Problem(line, "rollout", error.detail))
             continue
         rollout, found = _rollout_parse(data, line=line)
         problems.extend(found)

@@ -37,6 +37,7 @@ from django.utils import timezone
 
 from agent_registry import services as registry_services
 from agent_registry.models import ApiKey, PromptLabel, PromptVersion, Scope, User, Workspace
+from config import dispatch
 from config.errors import KeelError
 from evals import dataset_items, evaluators, exceptions, metrics, selectors, verifiers
 from evals.models import (
@@ -211,7 +212,7 @@ def run_dispatch(run: Run) -> None:
     from evals import tasks
 
     run_id = run.pk
-    transaction.on_commit(lambda: tasks.run_execute.delay(run_id))
+    dispatch.task_send_on_commit(tasks.run_execute, run_id)
 
 
 def run_cancel(*, run: Run) -> Run:

@@ -745,7 +745,7 @@ def run_resume_api(request: HttpRequest, run_id: int) -> Any:
     response={200: None, **ERRORS},
     openapi_extra={
         "responses": {
-            "200": {
+            200: {
                 "description": "NeMo Gym rollouts",
                 "content": {"application/x-ndjson": {"schema": {"type": "string"}}},
             }

@@ -125,7 +125,10 @@ def agent_alert_rule_edit_view(
         updated = _save(
             form,
             lambda: alerts.alert_rule_update(
-                rule=rule, fields=form.rule_fields(), webhook_secret=form.cleaned_data.get("webhook_secret") or None
+                rule=rule,
+                fields=form.rule_fields(),
+                webhook_secret=form.cleaned_data.get("webhook_secret") or None,
+                updated_by=membership.user,
             ),
         )
         if updated is not None:
@@ -149,6 +152,6 @@ def agent_alert_rule_delete_view(
 ) -> HttpResponse:
     agent = selectors.agent_get(workspace=membership.workspace, slug=agent_slug)
     rule = alerts.alert_rule_get(workspace=membership.workspace, rule_id=rule_id, agent_ids=[agent.pk])
-    alerts.alert_rule_delete(rule=rule)
+    alerts.alert_rule_delete(rule=rule, deleted_by=membership.user)
     messages.success(request, f"Deleted the alert rule {rule.name} and its alerts.")
     return redirect("frontend:agent_alert_rules", workspace_slug=membership.workspace.slug, agent_slug=agent.slug)

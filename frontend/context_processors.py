@@ -25,6 +25,7 @@ _SECTIONS = (
     ("integration", "integrations"),
     ("langfuse", "integrations"),
     ("model_price", "integrations"),
+    ("audit_event", "audit_log"),
     ("trajectory", "trajectories"),
     ("replay", "trajectories"),
     ("session", "sessions"),

@@ -338,7 +338,7 @@ def guardrail_budget_list_view(request: HtmxHttpRequest, membership: Membership)
     )
     if form.is_valid():
         try:
-            budgets.budget_create(workspace=workspace, **form.budget_arguments())
+            budgets.budget_create(workspace=workspace, created_by=membership.user, **form.budget_arguments())
         except (exceptions.BudgetInvalid, exceptions.BudgetExists) as error:
             _keel_errors_to_form(form, error, {})
         else:
@@ -351,7 +351,7 @@ def guardrail_budget_list_view(request: HtmxHttpRequest, membership: Membership)
 @require_POST
 def guardrail_budget_delete_view(request: HtmxHttpRequest, membership: Membership, budget_id: int) -> HttpResponse:
     budget = guardrail_selectors.budget_get(workspace=membership.workspace, budget_id=budget_id)
-    budgets.budget_delete(budget=budget)
+    budgets.budget_delete(budget=budget, deleted_by=membership.user)
     messages.success(
         request, f"Deleted the {budget.get_period_display().lower()} budget of {budget.get_scope_display().lower()}."
     )

@@ -61,7 +61,9 @@ def model_target_list_view(request: HtmxHttpRequest, membership: Membership) -> 
     form = ModelTargetForm(request.POST, can_manage_keys=membership_can_manage_keys(membership))
     if form.is_valid():
         try:
-            target = services.model_target_create(workspace=membership.workspace, **form.target_arguments())
+            target = services.model_target_create(
+                workspace=membership.workspace, created_by=membership.user, **form.target_arguments()
+            )
         except (exceptions.ModelTargetInvalid, exceptions.ModelTargetAliasTaken) as error:
             _keel_errors_to_form(form, error, {})
         else:
@@ -80,7 +82,7 @@ def model_target_edit_view(request: HtmxHttpRequest, membership: Membership, ali
     )
     if form.is_bound and form.is_valid():
         try:
-            services.model_target_update(target=target, **form.target_arguments())
+            services.model_target_update(target=target, updated_by=membership.user, **form.target_arguments())
         except (exceptions.ModelTargetInvalid, exceptions.ModelTargetReadOnly) as error:
             _keel_errors_to_form(form, error, {})
         else:
@@ -102,7 +104,7 @@ def model_target_delete_view(request: HtmxHttpRequest, membership: Membership, a
     if request.method == "GET":
         return _render(request, membership, "frontend/routing/model_target_delete.html", {"target": target})
     try:
-        services.model_target_delete(target=target)
+        services.model_target_delete(target=target, deleted_by=membership.user)
     except (exceptions.ModelTargetInUse, exceptions.ModelTargetReadOnly) as error:
         messages.error(request, f"{target.alias} was not deleted: {error.detail}.")
     else:
@@ -185,7 +187,7 @@ def agent_router_view(request: HtmxHttpRequest, membership: Membership, agent_sl
     form = RouterConfigForm(request.POST, config=reports.router_config_get(agent=agent), targets=targets)
     if form.is_valid():
         try:
-            services.router_config_update(agent=agent, **form.config_arguments())
+            services.router_config_update(agent=agent, updated_by=membership.user, **form.config_arguments())
         except exceptions.RouterConfigInvalid as error:
             _rule_errors(form, error)
         else:
@@ -201,7 +203,7 @@ def agent_chain_save_view(request: HtmxHttpRequest, membership: Membership, agen
     shown, steps, errors = chain_rows(request.POST)
     if not errors:
         try:
-            services.chain_steps_set(agent=agent, steps=steps)
+            services.chain_steps_set(agent=agent, steps=steps, updated_by=membership.user)
         except exceptions.ChainInvalid as error:
             errors = [f"{item['field']}: {item['message']}" for item in error.extra.get("errors", [])]
         else:
@@ -222,7 +224,7 @@ def agent_tool_create_view(request: HtmxHttpRequest, membership: Membership, age
     form = AgentToolForm(request.POST, can_manage_keys=membership_can_manage_keys(membership))
     if form.is_valid():
         try:
-            tool = services.agent_tool_create(agent=agent, **form.tool_arguments())
+            tool = services.agent_tool_create(agent=agent, created_by=membership.user, **form.tool_arguments())
         except (exceptions.AgentToolInvalid, exceptions.AgentToolNameTaken) as error:
             _keel_errors_to_form(form, error, {})
         else:
@@ -248,7 +250,7 @@ def agent_tool_edit_view(
     )
     if form.is_bound and form.is_valid():
         try:
-            services.agent_tool_update(tool=tool, **form.tool_arguments())
+            services.agent_tool_update(tool=tool, updated_by=membership.user, **form.tool_arguments())
         except (exceptions.AgentToolInvalid, exceptions.AgentToolNameTaken) as error:
             _keel_errors_to_form(form, error, {})
         else:
@@ -273,7 +275,7 @@ def agent_tool_delete_view(
 ) -> HttpResponse:
     agent = selectors.agent_get(workspace=membership.workspace, slug=agent_slug)
     tool = reports.agent_tool_get(agent=agent, name=tool_name)
-    services.agent_tool_delete(tool=tool)
+    services.agent_tool_delete(tool=tool, deleted_by=membership.user)
     messages.success(request, f"Removed the tool {tool_name}.")
     url = reverse(
         "frontend:agent_router", kwargs={"workspace_slug": membership.workspace.slug, "agent_slug": agent.slug}

@@ -1,11 +1,14 @@
-"""Settings pages: an agent's settings (name, description, status, trace retention) and its deletion, and
-the workspace's integrations: the Langfuse mirror (owners configure it; everyone reads its delivery
-status) and model price overrides (members set them)."""
+"""Settings pages: an agent's settings (name, description, status, trace retention) and its deletion, the
+workspace's integrations: the Langfuse mirror (owners configure it; everyone reads its delivery status)
+and model price overrides (members set them), and the audit log (owners read it)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
 
+from django.apps import apps
 from django.contrib import messages
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import HttpResponse
@@ -14,10 +17,10 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from agent_registry import exceptions as registry_exceptions
 from agent_registry import selectors, services
-from agent_registry.models import Membership, Role
+from agent_registry.models import AuditAction, AuditEvent, Membership, Role
 from frontend.access import HtmxHttpRequest, role_allows, workspace_view
 from frontend.settings_forms import AgentSettingsForm, LangfuseMirrorForm, ModelPriceForm, decimal_plain
-from frontend.views import _keel_errors_to_form, _render
+from frontend.views import _keel_errors_to_form, _query_string, _render
 from tracing import exceptions, langfuse_bridge
 from tracing import selectors as tracing_selectors
 from tracing import services as tracing_services
@@ -33,7 +36,7 @@ def agent_settings_view(request: HtmxHttpRequest, membership: Membership, agent_
     form = AgentSettingsForm.for_agent(agent, request.POST if request.method == "POST" else None)
     if form.is_bound and form.is_valid():
         try:
-            services.agent_update(agent=agent, fields=form.agent_fields())
+            services.agent_update(agent=agent, fields=form.agent_fields(), updated_by=membership.user)
         except DjangoValidationError as error:
             for field, field_messages in error.message_dict.items():
                 form.add_error(field if field in form.fields else None, field_messages)
@@ -59,7 +62,7 @@ def agent_delete_view(request: HtmxHttpRequest, membership: Membership, agent_sl
     """Delete the agent after a confirmation. Members may, as any key with the write scope may through the API."""
     agent = selectors.agent_get(workspace=membership.workspace, slug=agent_slug)
     if request.method == "POST":
-        services.agent_delete(agent=agent)
+        services.agent_delete(agent=agent, deleted_by=membership.user)
         messages.success(request, f"Deleted the agent {agent.name} with its requirements and prompts.")
         return redirect("frontend:agent_list", workspace_slug=membership.workspace.slug)
     return _render(
@@ -166,7 +169,7 @@ def langfuse_mirror_configure_view(request: HtmxHttpRequest, membership: Members
     if form.is_valid():
         try:
             mirror = langfuse_bridge.langfuse_mirror_configure(
-                workspace=membership.workspace, **form.configure_arguments()
+                workspace=membership.workspace, configured_by=membership.user, **form.configure_arguments()
             )
         except exceptions.LangfuseMirrorInvalid as error:
             _keel_errors_to_form(form, error, {})
@@ -197,7 +200,7 @@ def langfuse_mirror_delete_view(request: HtmxHttpRequest, membership: Membership
         return _render(
             request, membership, "frontend/integrations/langfuse_delete.html", {"mirror_status": mirror_status}
         )
-    langfuse_bridge.langfuse_mirror_delete(workspace=membership.workspace)
+    langfuse_bridge.langfuse_mirror_delete(workspace=membership.workspace, deleted_by=membership.user)
     if mirror_status is not None:
         messages.success(request, f"Stopped mirroring to {mirror_status.mirror.host}.")
     else:
@@ -211,10 +214,90 @@ def model_price_set_view(request: HtmxHttpRequest, membership: Membership) -> Ht
     form = ModelPriceForm(request.POST)
     if form.is_valid():
         try:
-            price = tracing_services.model_price_set(workspace=membership.workspace, **form.price_arguments())
+            price = tracing_services.model_price_set(
+                workspace=membership.workspace, set_by=membership.user, **form.price_arguments()
+            )
         except exceptions.ModelPriceInvalid as error:
             _keel_errors_to_form(form, error, {})
         else:
             messages.success(request, f"Saved the price of {price.model}: it applies to generation spans from now on.")
             return redirect("frontend:integration_list", workspace_slug=membership.workspace.slug)
     return _integrations_page(request, membership, price_form=form, status=422)
+
+
+# --- Audit log ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    event: AuditEvent
+    target_kind: str
+    details: list[tuple[str, str]]
+
+
+def _audit_row(event: AuditEvent) -> AuditRow:
+    try:
+        kind = str(apps.get_model(event.target_type)._meta.verbose_name) if event.target_type else ""
+    except (LookupError, ValueError):
+        kind = event.target_type
+    details = [
+        (key, value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
+        for key, value in event.details.items()
+    ]
+    return AuditRow(event=event, target_kind=kind, details=details)
+
+
+def _day(text: str | None) -> date | None:
+    try:
+        return date.fromisoformat(text) if text else None
+    except ValueError:
+        return None
+
+
+@workspace_view(view_role=Role.OWNER)
+@require_GET
+def audit_event_list_view(request: HtmxHttpRequest, membership: Membership) -> HttpResponse:
+    """Who did what to the workspace's keys, policies, targets, labels, approvals, exports and settings."""
+    workspace = membership.workspace
+    action = request.GET.get("action") or ""
+    groups = sorted({value.split(".")[0] for value in AuditAction.values})
+    if action not in AuditAction.values and action.removesuffix(".") not in groups:
+        action = ""
+    actors = selectors.audit_actor_list(workspace=workspace)
+    actor = request.GET.get("actor") or ""
+    if actor not in actors and actor != "keel":
+        actor = ""
+    # Whole UTC days, both ends included.
+    since_day, until_day = _day(request.GET.get("since")), _day(request.GET.get("until"))
+    since = datetime.combine(since_day, time.min, tzinfo=UTC) if since_day else None
+    until = datetime.combine(until_day + timedelta(days=1), time.min, tzinfo=UTC) if until_day else None
+
+    def listed(cursor: str | None = None) -> selectors.AuditEventPage:
+        return selectors.audit_event_list(
+            workspace=workspace, action=action or None, actor=actor or None, since=since, until=until, cursor=cursor
+        )
+
+    try:
+        page = listed(request.GET.get("cursor") or None)
+    except registry_exceptions.AuditEventListInvalid:
+        messages.info(request, "That page of the audit log is gone: showing the newest events.")
+        page = listed()
+    return _render(
+        request,
+        membership,
+        "frontend/audit/list.html",
+        {
+            "page": page,
+            "rows": [_audit_row(event) for event in page.events],
+            "action": action,
+            "action_choices": AuditAction.choices,
+            "action_groups": [f"{group}." for group in groups],
+            "actor": actor,
+            "actors": actors,
+            "since": since_day.isoformat() if since_day else "",
+            "until": until_day.isoformat() if until_day else "",
+            "filtered": bool(action or actor or since_day or until_day),
+            "next_query": _query_string(request.GET, cursor=page.next_cursor) if page.next_cursor else None,
+            "first_query": _query_string(request.GET, cursor=None) if request.GET.get("cursor") else None,
+        },
+    )

@@ -19,8 +19,9 @@ from django.http import FileResponse, Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from agent_registry import audit
 from agent_registry import selectors as registry_selectors
-from agent_registry.models import Membership, PromptVersion, Workspace
+from agent_registry.models import AuditAction, Membership, PromptVersion, Workspace
 from config.errors import KeelError
 from evals import selectors as eval_selectors
 from frontend.access import HtmxHttpRequest, workspace_view
@@ -34,7 +35,12 @@ RUN_CHOICES: Final = 50
 # The charts of a job's page: (title, metric keys drawn on it, what it tells).
 CHARTS: Final = (
     ("Loss", ("loss",), "The training loss at each step."),
-    ("Reward", ("reward_mean", "policy_reward"), "The recorded rewards' mean, and the policy-weighted reward."),
+    (
+        "Reward",
+        ("reward_mean", "policy_reward", "train_policy_reward"),
+        "The recorded rewards' mean; the policy-weighted reward of each step's batch, and of a fixed sample of "
+        "training groups at each validation.",
+    ),
     ("Validation score", ("validation_score",), "The held-out score, where the worker measured it."),
     ("KL", ("kl",), "How far the policy moved from the base model."),
 )
@@ -365,6 +371,9 @@ def training_export_download_view(request: HtmxHttpRequest, membership: Membersh
         path = services.export_file(export=export)
     except services.ExportNotReady as error:
         raise Http404(error.detail) from None
+    audit.record(
+        workspace=membership.workspace, action=AuditAction.EXPORT_DOWNLOADED, user=membership.user, target=export
+    )
     response = FileResponse(
         path.open("rb"), content_type="application/x-ndjson", as_attachment=True, filename=path.name
     )

@@ -1,4 +1,4 @@
-from django.urls import URLPattern, URLResolver, include, path
+from django.urls import URLPattern, URLResolver, include, path, register_converter
 
 from frontend import (
     alerts,
@@ -11,8 +11,10 @@ from frontend import (
     triage_views,
     views,
 )
+from frontend.converters import AnyTextConverter
 
 app_name = "frontend"
+register_converter(AnyTextConverter, "anytext")
 
 agent_patterns: list[URLPattern | URLResolver] = [
     path("", views.agent_detail_view, name="agent_detail"),
@@ -174,13 +176,14 @@ workspace_patterns: list[URLPattern | URLResolver] = [
     path("trajectories/<str:trace_id>/", include(trajectory_patterns)),
     path("replays/<int:replay_id>/", views.replay_detail_view, name="replay_detail"),
     path("sessions/", views.session_list_view, name="session_list"),
-    path("sessions/<path:session_id>/", views.session_detail_view, name="session_detail"),
+    path("sessions/<anytext:session_id>/", views.session_detail_view, name="session_detail"),
     path("review/", include(review_patterns)),
     path("alerts/", alerts.alert_list_view, name="alert_list"),
     path("alerts/<int:alert_id>/acknowledge/", alerts.alert_acknowledge_view, name="alert_acknowledge"),
     path("keys/", views.apikey_list_view, name="apikey_list"),
     path("keys/<int:key_id>/revoke/", views.apikey_revoke_view, name="apikey_revoke"),
     path("integrations/", include(integration_patterns)),
+    path("audit-log/", settings_views.audit_event_list_view, name="audit_event_list"),
     path("", include(routing_patterns)),
     path("guardrails/", include(guardrail_patterns)),
     path("evals/", include(eval_patterns)),

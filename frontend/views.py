@@ -14,6 +14,8 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
+from django.contrib.auth.forms import AuthenticationForm
+from django.core.exceptions import NON_FIELD_ERRORS
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.forms import Form
 from django.http import HttpRequest, HttpResponse, QueryDict
@@ -23,7 +25,8 @@ from django.utils import timezone
 from django.views import defaults
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from agent_registry import exceptions, prompts, requirements, selectors, services
+from agent_registry import exceptions, prompts, ratelimit, requirements, selectors, services
+from agent_registry.middleware import client_ip
 from agent_registry.models import (
     Agent,
     AgentStatus,
@@ -96,8 +99,32 @@ def server_error(request: HttpRequest) -> HttpResponse:
 
 
 class LoginView(auth_views.LoginView):
+    """Django's sign-in, with failed attempts limited per client address and username
+    (KEEL_RATE_LIMIT_LOGIN_*): past the limit the form says so and answers 429, without checking the
+    password. Successful sign-ins do not count."""
+
     template_name = "frontend/login.html"
     redirect_authenticated_user = True
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        username = str(request.POST.get("username", ""))
+        decision = ratelimit.login_check(ip=client_ip(request), username=username)
+        if decision.allowed:
+            return super().post(request, *args, **kwargs)
+        # An unbound form: validating the posted one would check the password.
+        form = self.get_form_class()(request, initial={"username": username})
+        refusal = (
+            f"Too many failed sign-ins for {username or 'this username'} from your address. "
+            f"Try again in {decision.retry_after} seconds."
+        )
+        response = self.render_to_response(self.get_context_data(form=form, refusal=refusal), status=429)
+        response["Retry-After"] = str(decision.retry_after)
+        return response
+
+    def form_invalid(self, form: AuthenticationForm) -> HttpResponse:
+        if form.has_error(NON_FIELD_ERRORS, "invalid_login") or form.has_error(NON_FIELD_ERRORS, "inactive"):
+            ratelimit.login_failure_record(ip=client_ip(self.request), username=str(form.data.get("username", "")))
+        return super().form_invalid(form)
 
 
 class LogoutView(auth_views.LogoutView):
@@ -165,6 +192,7 @@ def agent_list_view(request: HtmxHttpRequest, membership: Membership) -> HttpRes
                 name=form.cleaned_data["name"],
                 description=form.cleaned_data["description"],
                 owner=membership.user,
+                created_by=membership.user,
             )
         except exceptions.AgentSlugTaken as error:
             form.add_error("slug", error.detail)
@@ -710,7 +738,7 @@ def prompt_delete_view(request: HtmxHttpRequest, membership: Membership, prompt_
     status = 200
     if request.method == "POST":
         try:
-            services.prompt_delete(prompt=prompt)
+            services.prompt_delete(prompt=prompt, deleted_by=membership.user)
         except exceptions.PromptInUse:
             # Refused: the page below names the reasons, read by the same selector the service used.
             status = 409
@@ -826,7 +854,7 @@ def apikey_revoke_view(request: HtmxHttpRequest, membership: Membership, key_id:
     api_key = selectors.apikey_get(workspace=membership.workspace, key_id=key_id)
     if request.method == "GET":
         return _render(request, membership, "frontend/keys/revoke.html", {"api_key": api_key})
-    services.apikey_revoke(api_key=api_key)
+    services.apikey_revoke(api_key=api_key, revoked_by=membership.user)
     messages.success(request, f"Revoked {api_key.name} ({api_key.prefix}…). Clients using it now get 401.")
     return redirect("frontend:apikey_list", workspace_slug=membership.workspace.slug)
 

@@ -21,12 +21,13 @@ from ninja import Query, Router, Schema, Status
 from ninja.security import HttpBearer
 from pydantic import ValidationError
 
+from agent_registry import ratelimit
 from agent_registry import selectors as registry_selectors
-from agent_registry import services as registry_services
-from agent_registry.auth import key_auth, request_agent_ids, request_api_key, request_workspace
+from agent_registry.auth import api_key_authenticate, key_auth, request_agent_ids, request_api_key, request_workspace
 from agent_registry.models import Agent, ApiKey, Scope
 from agent_registry.schemas import ErrorOut
-from config.errors import KeelError, PermissionDenied, ValidationFailed
+from config.errors import PermissionDenied, ValidationFailed
+from config.json_body import json_body_loads
 from guardrails import boundary, budgets, exceptions, selectors, services
 from guardrails.models import ApprovalEvent, ApprovalRequest, Budget, BudgetScope, GuardrailViolation
 from guardrails.schemas import (
@@ -60,11 +61,12 @@ class GatewayOrWrite(HttpBearer):
     """A key with the `gateway` or the `write` scope."""
 
     def authenticate(self, request: HttpRequest, token: str) -> ApiKey | None:
-        api_key = registry_services.apikey_authenticate(raw_key=token.strip())
+        api_key = api_key_authenticate(request, token)
         if api_key is None:
             return None
         if not {Scope.GATEWAY, Scope.WRITE} & set(api_key.scopes):
             raise PermissionDenied("this API key needs the 'gateway' or 'write' scope", code="insufficient_scope")
+        ratelimit.apikey_check(api_key=api_key, scope=Scope.GATEWAY if Scope.GATEWAY in api_key.scopes else Scope.WRITE)
         return api_key
 
 
@@ -90,17 +92,14 @@ def _agent(request: HttpRequest, slug: str) -> Agent:
 
 def _body(request: HttpRequest, schema: type[Schema]) -> Any:
     """Parse a JSON body by hand, so that an oversized body is refused before it is parsed (413) and bytes
-    that are not UTF-8 are a 400, not a 500."""
+    that are not UTF-8 are a 400, not a 500; the JSON itself as every API reads it (config/json_body.py)."""
     if len(request.body) > MAX_BODY_BYTES:
         raise exceptions.ContentTooLarge(f"the request body is over {MAX_BODY_BYTES} bytes")
     try:
-        text = request.body.decode("utf-8")
+        request.body.decode("utf-8")
     except UnicodeDecodeError:
         raise exceptions.ContentNotText("the request body is not UTF-8 text") from None
-    try:
-        data = json.loads(text)
-    except ValueError as error:
-        raise KeelError(f"the request body is not JSON: {error}", code="invalid_json") from None
+    data = json_body_loads(request.body)
     try:
         return schema.model_validate(data)
     except ValidationError as error:
@@ -387,6 +386,7 @@ def budget_create_api(request: HttpRequest, payload: BudgetIn) -> Any:
         limit_usd=payload.limit_usd,
         limit_tokens=payload.limit_tokens,
         soft_limit_share=payload.soft_limit_share,
+        created_via_key=request_api_key(request),
     )
     return Status(201, _budget_out(budget, _agent_slugs(request)))
 
@@ -394,7 +394,8 @@ def budget_create_api(request: HttpRequest, payload: BudgetIn) -> Any:
 @router.delete("/budgets/{int:budget_id}", auth=WRITE, response={204: None, **ERRORS})
 def budget_delete_api(request: HttpRequest, budget_id: int) -> Any:
     _workspace_wide(request)
-    budgets.budget_delete(budget=selectors.budget_get(workspace=request_workspace(request), budget_id=budget_id))
+    budget = selectors.budget_get(workspace=request_workspace(request), budget_id=budget_id)
+    budgets.budget_delete(budget=budget, deleted_via_key=request_api_key(request))
     return Status(204, None)
 
 

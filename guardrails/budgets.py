@@ -27,7 +27,8 @@ from django.db.models import F, Q, QuerySet
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from agent_registry.models import Agent, ApiKey, Workspace
+from agent_registry import audit
+from agent_registry.models import Agent, ApiKey, AuditAction, User, Workspace
 from guardrails import exceptions
 from guardrails.models import (
     Budget,
@@ -308,6 +309,8 @@ def budget_create(
     limit_usd: Decimal | None = None,
     limit_tokens: int | None = None,
     soft_limit_share: float | None = None,
+    created_by: User | None = None,
+    created_via_key: ApiKey | None = None,
 ) -> Budget:
     """A budget for one scope and period; the agent or key must belong to the workspace (the caller found
     it there). One budget per scope, value and period: a second is refused with 409."""
@@ -340,6 +343,19 @@ def budget_create(
     try:
         with transaction.atomic():
             budget.save()
+            audit.record(
+                workspace=workspace,
+                action=AuditAction.BUDGET_CREATED,
+                user=created_by,
+                api_key=created_via_key,
+                target=budget,
+                details={
+                    "scope": scope,
+                    "period": period,
+                    "limit_usd": str(limit_usd) if limit_usd is not None else None,
+                    "limit_tokens": limit_tokens,
+                },
+            )
     except IntegrityError:
         raise exceptions.BudgetExists(
             f"there is already a {period} budget for this {scope.replace('_', ' ')}; delete it first"
@@ -348,5 +364,13 @@ def budget_create(
     return budget
 
 
-def budget_delete(*, budget: Budget) -> None:
+@transaction.atomic
+def budget_delete(*, budget: Budget, deleted_by: User | None = None, deleted_via_key: ApiKey | None = None) -> None:
+    audit.record(
+        workspace=budget.workspace_id,
+        action=AuditAction.BUDGET_DELETED,
+        user=deleted_by,
+        api_key=deleted_via_key,
+        target=budget,
+    )
     budget.delete()

@@ -22,8 +22,9 @@ from django.db import transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
+from agent_registry import audit
 from agent_registry import selectors as registry_selectors
-from agent_registry.models import Agent, ApiKey, User
+from agent_registry.models import Agent, ApiKey, AuditAction, User
 from agent_registry.requirements import Requirements
 from config import crypto
 from guardrails import exceptions, model_checks, policy
@@ -169,6 +170,7 @@ def guardrail_policy_update(
         raise _policy_invalid(errors)
     # Lock the row (if any) so two concurrent saves keep one canary secret.
     saved = GuardrailPolicy.objects.select_for_update().filter(agent=agent).first()
+    action = AuditAction.POLICY_CHANGED if saved is not None else AuditAction.POLICY_CREATED
     if saved is None:
         saved = GuardrailPolicy(agent=agent, workspace_id=agent.workspace_id)
     if rotate_canary or not saved.canary_secret_encrypted:
@@ -178,6 +180,15 @@ def guardrail_policy_update(
     saved.updated_via_key = api_key
     saved.full_clean()
     saved.save()
+    audit.record(
+        workspace=agent.workspace_id,
+        action=action,
+        user=user,
+        api_key=api_key,
+        target=saved,
+        target_name=f"guardrail policy of {agent.slug}",
+        details={"agent": agent.slug, "canary_rotated": rotate_canary},
+    )
     return guardrail_policy_get(agent=agent)
 
 
@@ -428,12 +439,21 @@ def approval_decide(
             pk=approval.pk, status=ApprovalStatus.PENDING, expires_at__gt=now
         ).update(status=status, decided_by=user, decided_by_key=api_key, decided_at=now, decision_note=note)
         if decided:
-            ApprovalEvent.objects.create(
+            event = ApprovalEvent.objects.create(
                 approval_id=approval.pk,
                 kind=ApprovalEventKind.APPROVED if approved else ApprovalEventKind.REJECTED,
                 actor_user=user,
                 actor_key=api_key,
                 note=note,
+            )
+            audit.record(
+                workspace=approval.workspace_id,
+                action=AuditAction.APPROVAL_DECIDED,
+                user=user,
+                api_key=api_key,
+                target=approval,
+                target_name=f"approval {approval.pk}: {approval.tool}",
+                details={"status": status, "tool": approval.tool, "approval_event_id": event.pk},
             )
     if not decided:
         current = ApprovalRequest.objects.get(pk=approval.pk)

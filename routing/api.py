@@ -16,7 +16,7 @@ from django.utils import timezone
 from ninja import Query, Router, Schema, Status
 
 from agent_registry import selectors as registry_selectors
-from agent_registry.auth import key_auth, request_agent_ids, request_workspace
+from agent_registry.auth import key_auth, request_agent_ids, request_api_key, request_workspace
 from agent_registry.models import Agent, Scope
 from agent_registry.schemas import ErrorOut
 from config.errors import PermissionDenied
@@ -52,6 +52,7 @@ ERRORS: dict[int, type[Schema]] = {
     403: ErrorOut,
     404: ErrorOut,
     409: ErrorOut,
+    413: ErrorOut,
     422: ErrorOut,
 }
 
@@ -231,7 +232,9 @@ def model_target_list_api(request: HttpRequest) -> Any:
 @router.post("/model-targets", auth=WRITE, response={201: ModelTargetOut, **ERRORS})
 def model_target_create_api(request: HttpRequest, payload: ModelTargetIn) -> Any:
     _whole_workspace(request)
-    target = services.model_target_create(workspace=request_workspace(request), **payload.dict())
+    target = services.model_target_create(
+        workspace=request_workspace(request), created_via_key=request_api_key(request), **payload.dict()
+    )
     return Status(201, _target_out(target))
 
 
@@ -243,14 +246,16 @@ def model_target_get_api(request: HttpRequest, alias: str) -> Any:
 @router.patch("/model-targets/{alias}", auth=WRITE, response={200: ModelTargetOut, **ERRORS})
 def model_target_update_api(request: HttpRequest, alias: str, payload: ModelTargetPatch) -> Any:
     _whole_workspace(request)
-    target = services.model_target_update(target=_target(request, alias), **payload.dict(exclude_unset=True))
+    target = services.model_target_update(
+        target=_target(request, alias), updated_via_key=request_api_key(request), **payload.dict(exclude_unset=True)
+    )
     return _target_out(target)
 
 
 @router.delete("/model-targets/{alias}", auth=WRITE, response={204: None, **ERRORS})
 def model_target_delete_api(request: HttpRequest, alias: str) -> Any:
     _whole_workspace(request)
-    services.model_target_delete(target=_target(request, alias))
+    services.model_target_delete(target=_target(request, alias), deleted_via_key=request_api_key(request))
     return Status(204, None)
 
 
@@ -267,7 +272,7 @@ def router_config_get_api(request: HttpRequest, slug: str) -> Any:
 def router_config_update_api(request: HttpRequest, slug: str, payload: RouterConfigIn) -> Any:
     agent = _agent(request, slug)
     fields = payload.dict(exclude_unset=True)
-    services.router_config_update(agent=agent, **fields)
+    services.router_config_update(agent=agent, updated_via_key=request_api_key(request), **fields)
     return _config_out(reports.router_config_get(agent=agent), agent)
 
 
@@ -280,7 +285,9 @@ def chain_get_api(request: HttpRequest, slug: str) -> Any:
 @router.put("/agents/{slug}/chain", auth=WRITE, response={200: ChainOut, **ERRORS})
 def chain_set_api(request: HttpRequest, slug: str, payload: ChainIn) -> Any:
     agent = _agent(request, slug)
-    services.chain_steps_set(agent=agent, steps=[step.dict() for step in payload.steps])
+    services.chain_steps_set(
+        agent=agent, steps=[step.dict() for step in payload.steps], updated_via_key=request_api_key(request)
+    )
     return {"agent": agent.slug, "steps": [_step_out(step) for step in reports.chain_step_list(agent=agent)]}
 
 
@@ -291,19 +298,27 @@ def agent_tool_list_api(request: HttpRequest, slug: str) -> Any:
 
 @router.post("/agents/{slug}/tools", auth=WRITE, response={201: AgentToolOut, **ERRORS})
 def agent_tool_create_api(request: HttpRequest, slug: str, payload: AgentToolIn) -> Any:
-    tool = services.agent_tool_create(agent=_agent(request, slug), **payload.dict())
+    tool = services.agent_tool_create(
+        agent=_agent(request, slug), created_via_key=request_api_key(request), **payload.dict()
+    )
     return Status(201, _tool_out(tool))
 
 
 @router.patch("/agents/{slug}/tools/{name}", auth=WRITE, response={200: AgentToolOut, **ERRORS})
 def agent_tool_update_api(request: HttpRequest, slug: str, name: str, payload: AgentToolPatch) -> Any:
     tool = reports.agent_tool_get(agent=_agent(request, slug), name=name)
-    return _tool_out(services.agent_tool_update(tool=tool, **payload.dict(exclude_unset=True)))
+    return _tool_out(
+        services.agent_tool_update(
+            tool=tool, updated_via_key=request_api_key(request), **payload.dict(exclude_unset=True)
+        )
+    )
 
 
 @router.delete("/agents/{slug}/tools/{name}", auth=WRITE, response={204: None, **ERRORS})
 def agent_tool_delete_api(request: HttpRequest, slug: str, name: str) -> Any:
-    services.agent_tool_delete(tool=reports.agent_tool_get(agent=_agent(request, slug), name=name))
+    services.agent_tool_delete(
+        tool=reports.agent_tool_get(agent=_agent(request, slug), name=name), deleted_via_key=request_api_key(request)
+    )
     return Status(204, None)
 
 

@@ -31,6 +31,7 @@ from pgvector.django import CosineDistance
 from agent_registry.models import Agent, PromptLabel, PromptVersion, User, Workspace
 from config import crypto
 from config.errors import KeelError
+from config.redact import redact
 from routing import embedding as embedder
 from routing.models import (
     EMBEDDING_DIMENSIONS,
@@ -101,10 +102,21 @@ def request_embed(*, text: str, target: ModelTarget | None) -> Embedding:
     except _PROVIDER_ERRORS as error:
         logger.warning(
             "routing.embedding_fallback",
-            extra={"target_id": target.pk, "model": target.model, "error": f"{type(error).__name__}: {error}"},
+            extra={
+                "target_id": target.pk,
+                "model": target.model,
+                "error": redact(f"{type(error).__name__}: {error}", _target_key(target)),
+            },
         )
         return Embedding(vector=embedder.embed_offline(text), source="offline_fallback")
     return Embedding(vector=vector, source="provider")
+
+
+def _target_key(target: ModelTarget) -> str:
+    try:
+        return crypto.decrypt(target.api_key_encrypted) if target.api_key_encrypted else ""
+    except crypto.DecryptionFailed:
+        return ""
 
 
 def _provider_embed(*, text: str, target: ModelTarget) -> list[float]:

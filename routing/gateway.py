@@ -24,6 +24,7 @@ from django.db import transaction
 
 from agent_registry import prompts
 from agent_registry.models import Agent, ApiKey, PromptType, PromptVersion
+from config import dispatch
 from config.errors import KeelError, ValidationFailed
 from routing import cache, guarding, hooks, providers, router, selectors, tiers
 from routing.chat import ChatCompletionRequest, chunk_body, completion_body
@@ -496,7 +497,7 @@ def _shadow_maybe(plan: _Plan, row: RoutingDecision | None, result: tiers.TierRe
         },
         primary_answer=result.message,
     )
-    transaction.on_commit(lambda: tasks.shadow_run_execute.delay(shadow.pk))
+    dispatch.task_send_on_commit(tasks.shadow_run_execute, shadow.pk)
 
 
 # --- Executing ---------------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ import logging
 import time
 from typing import Any
 
-import orjson
 from django.conf import settings
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
@@ -22,7 +21,9 @@ from pydantic import ValidationError
 
 from agent_registry.auth import api_key_from_headers
 from agent_registry.models import ApiKey, Scope
-from config.errors import KeelError
+from config import unavailable
+from config.errors import InvalidJson, KeelError
+from config.json_body import json_body_loads
 from routing import gateway, selectors
 from routing.chat import ChatCompletionRequest, error_body
 
@@ -53,8 +54,17 @@ def _error(status: int, message: str, code: str, param: str | None = None, **ext
 
 
 def _keel_error(error: KeelError) -> JsonResponse:
-    extra = {key: value for key, value in error.extra.items() if key in ("errors", "attempts")}
-    return _error(error.status, error.detail, error.code, **extra)
+    extra = {key: value for key, value in error.extra.items() if key in ("errors", "attempts", "retry_after")}
+    response = _error(error.status, error.detail, error.code, **extra)
+    if "retry_after" in error.extra:
+        response["Retry-After"] = str(error.extra["retry_after"])
+    return response
+
+
+def _database_unavailable() -> JsonResponse:
+    response = _error(503, unavailable.DETAIL, unavailable.CODE)
+    response["Retry-After"] = str(unavailable.RETRY_AFTER_SECONDS)
+    return response
 
 
 def _authenticate(request: HttpRequest) -> ApiKey | JsonResponse:
@@ -62,6 +72,9 @@ def _authenticate(request: HttpRequest) -> ApiKey | JsonResponse:
         api_key = api_key_from_headers(request, Scope.GATEWAY)
     except KeelError as error:
         return _keel_error(error)
+    except unavailable.DATABASE_UNAVAILABLE:
+        logger.warning("routing.gateway_database_unavailable", exc_info=True)
+        return _database_unavailable()
     if api_key is None:
         return _error(401, "a valid API key is required: Authorization: Bearer <key>", "unauthenticated")
     return api_key
@@ -69,13 +82,18 @@ def _authenticate(request: HttpRequest) -> ApiKey | JsonResponse:
 
 def _parse(request: HttpRequest) -> ChatCompletionRequest | JsonResponse:
     limit: int = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    declared = request.META.get("CONTENT_LENGTH")
+    # Refused on the declared length before a byte is read; the bounded read catches a body that lied.
+    if declared and declared.isdigit() and int(declared) > limit:
+        return _error(413, f"the body is {declared} bytes; the limit is {limit}", "payload_too_large")
     body = request.read(limit + 1)
     if len(body) > limit:
         return _error(413, f"the body is over the limit of {limit} bytes", "payload_too_large")
     try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError as error:
-        return _error(400, f"the body is not valid JSON: {error}", "invalid_json")
+        payload = json_body_loads(body)
+    except InvalidJson as error:
+        # A NUL in a message would pass to the model and then fail the trace's write (PostgreSQL text).
+        return _error(400, error.detail, error.code)
     if not isinstance(payload, dict):
         return _error(400, "the body must be a JSON object", "invalid_request")
     try:
@@ -111,9 +129,7 @@ def chat_completions_api(request: HttpRequest) -> HttpResponse | StreamingHttpRe
         return _keel_error(error)
     except DatabaseError:
         logger.exception("routing.gateway_database_unavailable")
-        response = _error(503, "storage is unavailable; retry shortly", "unavailable")
-        response["Retry-After"] = "2"
-        return response
+        return _database_unavailable()
     response = JsonResponse(answer.body)
     response["X-Keel-Trace-Id"] = answer.trace_id
     if answer.tier:

@@ -28,6 +28,7 @@ from openai import OpenAIError
 
 from config import crypto
 from config.errors import KeelError
+from config.redact import redact
 from routing import demo_provider
 from routing.models import ModelTarget
 from tracing import pricing
@@ -54,6 +55,10 @@ PASSTHROUGH_PARAMETERS = (
     "user",
     "parallel_tool_calls",
 )
+
+
+class ProviderAnswerEmpty(Exception):
+    """The provider answered 200 with no choice in it: a failed attempt like a 5xx, retried and fallen back from."""
 
 
 class ProviderFailed(KeelError):
@@ -256,10 +261,28 @@ def _tries(target: ModelTarget, *, single_attempt: bool = False) -> Iterator[Mod
             yield candidate
 
 
+def _target_key(target: ModelTarget | None) -> str:
+    if target is None or not target.api_key_encrypted:
+        return ""
+    try:
+        return crypto.decrypt(target.api_key_encrypted)
+    except crypto.DecryptionFailed:
+        return ""
+
+
+def _error_text(error: Exception, target: ModelTarget | None) -> str:
+    # litellm puts a Python traceback of its own (file paths, source lines) into some errors, after the
+    # provider's words; the caller and the trajectory get the words. A provider that refuses a key may
+    # quote it (or the Authorization header) in those words: the text goes to the client, the trajectory,
+    # the target's health and the logs, so the key is taken out first.
+    text = str(error).split("Traceback (most recent call last)", 1)[0].strip()
+    return redact(f"{type(error).__name__}: {text}", _target_key(target))[:1000]
+
+
 def _attempt_failed(candidate: ModelTarget, error: Exception, attempts: list[Attempt]) -> None:
     """Record a failed attempt; raise ProviderFailed at once when retrying cannot help."""
     retryable = _retryable(error)
-    text = f"{type(error).__name__}: {error}"[:1000]
+    text = _error_text(error, candidate)
     attempts.append(Attempt(candidate.alias, candidate.model, text, _status_code(error), retryable))
     _failure_record(candidate, text)
     if not retryable:
@@ -294,6 +317,9 @@ def completion(
             response = litellm.completion(**_request(candidate, messages, parameters))
         except _PROVIDER_ERRORS as error:
             _attempt_failed(candidate, error, attempts)
+            continue
+        if not response.choices:
+            _attempt_failed(candidate, ProviderAnswerEmpty("the provider answered with no choices"), attempts)
             continue
         ended = time.time_ns()
         _success_record(candidate)
@@ -429,7 +455,7 @@ def _stream_chunks(state: StreamState, first: Any, iterator: Iterator[Any]) -> I
             yield data
             chunk = next(iterator, None)
     except _PROVIDER_ERRORS as error:  # a stream cut by the provider
-        state.error = f"{type(error).__name__}: {error}"[:1000]
+        state.error = _error_text(error, state.target)
         logger.warning("routing.stream_cut", extra={"alias": state.alias, "error": state.error})
     finally:
         state.ended_ns = time.time_ns()

@@ -22,7 +22,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import ProtectedError
 from django.utils import timezone
 
-from agent_registry.models import Agent, PromptVersion, User, Workspace
+from agent_registry import audit
+from agent_registry.models import Agent, ApiKey, AuditAction, PromptVersion, User, Workspace
 from config import crypto
 from routing import exceptions, router
 from routing.models import (
@@ -89,10 +90,16 @@ MODEL_TARGET_FIELDS: Final = frozenset(
 TIMEOUT_SECONDS_MAX: Final = 600.0
 
 
+def _destination(target: ModelTarget) -> tuple[str, str]:
+    """Where a target's key goes: its endpoint and its provider (the model string's prefix)."""
+    return target.api_base, target.model.partition("/")[0] if "/" in target.model else ""
+
+
 def _model_target_apply(target: ModelTarget, fields: Mapping[str, Any], prefix: str = "") -> tuple[list[str], Errors]:
     """Set `fields` on the unsaved `target`; return the columns that changed and what is wrong."""
     errors: Errors = []
     changed: list[str] = []
+    destination = _destination(target)
     unknown = sorted(set(fields) - MODEL_TARGET_FIELDS)
     for name in unknown:
         errors.append({"field": f"{prefix}{name}", "message": "unknown field"})
@@ -150,6 +157,11 @@ def _model_target_apply(target: ModelTarget, fields: Mapping[str, Any], prefix: 
     if not target.model:
         errors.append(
             {"field": f"{prefix}model", "message": "a litellm model string is required, e.g. openai/gpt-4o-mini"}
+        )
+    if target.pk and target.api_key_encrypted and fields.get("api_key") is None and _destination(target) != destination:
+        # Whoever may edit a target may not read its key: a key is never sent to a place it was not entered for.
+        errors.append(
+            {"field": f"{prefix}api_key", "message": 'enter the key again (or "" for none) to send it somewhere new'}
         )
     try:
         # Uniqueness and the fallbacks are checked against the database by the callers.
@@ -209,6 +221,8 @@ def model_target_create(
     failure_threshold: int = 3,
     cooldown_seconds: int = 30,
     enabled: bool = True,
+    created_by: User | None = None,
+    created_via_key: ApiKey | None = None,
 ) -> ModelTarget:
     """Add a target the workspace's agents (and direct gateway calls by alias) can use.
 
@@ -237,7 +251,21 @@ def model_target_create(
     if errors:
         raise exceptions.ModelTargetInvalid(f"invalid model target: {_summary(errors)}", errors=errors)
     _model_target_insert(target)
+    audit.record(
+        workspace=workspace,
+        action=AuditAction.MODEL_TARGET_CREATED,
+        user=created_by,
+        api_key=created_via_key,
+        target=target,
+        target_name=target.alias,
+        details={"model": target.model, "has_api_key": bool(target.api_key_encrypted)},
+    )
     return target
+
+
+def _audited_columns(changed: Sequence[str]) -> list[str]:
+    """The changed columns under the names callers use (the key is `api_key`, never its ciphertext)."""
+    return sorted(column.removesuffix("_encrypted") for column in changed)
 
 
 def _writable(target: ModelTarget) -> None:
@@ -248,7 +276,9 @@ def _writable(target: ModelTarget) -> None:
 
 
 @transaction.atomic
-def model_target_update(*, target: ModelTarget, **fields: Any) -> ModelTarget:
+def model_target_update(
+    *, target: ModelTarget, updated_by: User | None = None, updated_via_key: ApiKey | None = None, **fields: Any
+) -> ModelTarget:
     """Change some of a target's settings (`MODEL_TARGET_FIELDS`). `api_key=None` keeps the stored key and
     `api_key=""` removes it. The alias does not change (fallbacks and configurations name it).
 
@@ -265,11 +295,22 @@ def model_target_update(*, target: ModelTarget, **fields: Any) -> ModelTarget:
         raise exceptions.ModelTargetInvalid(f"invalid model target: {_summary(errors)}", errors=errors)
     if changed:
         locked.save(update_fields=[*changed, "updated_at"])
+        audit.record(
+            workspace=locked.workspace_id,
+            action=AuditAction.MODEL_TARGET_CHANGED,
+            user=updated_by,
+            api_key=updated_via_key,
+            target=locked,
+            target_name=locked.alias,
+            details={"fields": _audited_columns(changed)},
+        )
     return locked
 
 
 @transaction.atomic
-def model_target_delete(*, target: ModelTarget) -> None:
+def model_target_delete(
+    *, target: ModelTarget, deleted_by: User | None = None, deleted_via_key: ApiKey | None = None
+) -> None:
     """Remove a target. Refused (409) while another target falls back to it or a chain step calls it;
     router configurations that named it fall back to the agent's defaults."""
     _writable(target)
@@ -282,6 +323,14 @@ def model_target_delete(*, target: ModelTarget) -> None:
         raise exceptions.ModelTargetInUse(
             f"model target {target.alias!r} is a fallback of {', '.join(dependants)}; remove it from there first"
         )
+    audit.record(
+        workspace=target.workspace_id,
+        action=AuditAction.MODEL_TARGET_DELETED,
+        user=deleted_by,
+        api_key=deleted_via_key,
+        target=target,
+        target_name=target.alias,
+    )
     try:
         target.delete()
     except ProtectedError:
@@ -381,9 +430,17 @@ def model_targets_sync_from_env(*, workspace: Workspace, spec: str) -> ModelTarg
             continue
         if target._state.adding:
             _model_target_insert(target)
+            audit.record(workspace=workspace, action=AuditAction.MODEL_TARGET_CREATED, target=target, target_name=alias)
             result.created.append(alias)
         elif changed:
             target.save(update_fields=[*changed, "updated_at"])
+            audit.record(
+                workspace=workspace,
+                action=AuditAction.MODEL_TARGET_CHANGED,
+                target=target,
+                target_name=alias,
+                details={"fields": _audited_columns(changed)},
+            )
             result.updated.append(alias)
         else:
             result.unchanged.append(alias)
@@ -398,6 +455,13 @@ def model_targets_sync_from_env(*, workspace: Workspace, spec: str) -> ModelTarg
         if target.source == TargetSource.ENVIRONMENT and alias not in declared and target.enabled:
             target.enabled = False
             target.save(update_fields=["enabled", "updated_at"])
+            audit.record(
+                workspace=workspace,
+                action=AuditAction.MODEL_TARGET_CHANGED,
+                target=target,
+                target_name=alias,
+                details={"fields": ["enabled"], "reason": f"no longer in {SPEC_SETTING}"},
+            )
             result.retired.append(alias)
     return result
 
@@ -504,7 +568,9 @@ def _number_error(name: str, value: object, low: float, high: float, *, low_open
 
 
 @transaction.atomic
-def router_config_update(*, agent: Agent, **fields: Any) -> RouterConfig:
+def router_config_update(
+    *, agent: Agent, updated_by: User | None = None, updated_via_key: ApiKey | None = None, **fields: Any
+) -> RouterConfig:
     """Change some of the agent's router settings (`ROUTER_CONFIG_FIELDS`); the rest stay.
 
     Targets are given as `ModelTarget`s or aliases and must be the agent's workspace's; rules are
@@ -563,6 +629,14 @@ def router_config_update(*, agent: Agent, **fields: Any) -> RouterConfig:
     if errors:
         raise exceptions.RouterConfigInvalid(f"invalid router configuration: {_summary(errors)}", errors=errors)
     config.save()
+    audit.record(
+        workspace=agent.workspace_id,
+        action=AuditAction.ROUTER_CHANGED,
+        user=updated_by,
+        api_key=updated_via_key,
+        target=agent,
+        details={"fields": sorted(fields)},
+    )
     return config
 
 
@@ -574,7 +648,13 @@ _STEP_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 
 
 @transaction.atomic
-def chain_steps_set(*, agent: Agent, steps: Sequence[Mapping[str, Any]]) -> list[ChainStep]:
+def chain_steps_set(
+    *,
+    agent: Agent,
+    steps: Sequence[Mapping[str, Any]],
+    updated_by: User | None = None,
+    updated_via_key: ApiKey | None = None,
+) -> list[ChainStep]:
     """Replace the agent's whole chain with `steps`, run in the order given.
 
     Each step: `name` (a slug, unique in the chain); `prompt_version` (the id of a version of one of the
@@ -653,6 +733,14 @@ def chain_steps_set(*, agent: Agent, steps: Sequence[Mapping[str, Any]]) -> list
     if errors:
         raise exceptions.ChainInvalid(f"invalid chain: {_summary(errors)}", errors=errors)
     ChainStep.objects.filter(agent=agent).delete()
+    audit.record(
+        workspace=agent.workspace_id,
+        action=AuditAction.ROUTER_CHANGED,
+        user=updated_by,
+        api_key=updated_via_key,
+        target=agent,
+        details={"fields": ["chain"], "chain": [step.name for step in built]},
+    )
     return ChainStep.objects.bulk_create(built)
 
 
@@ -668,6 +756,7 @@ EMPTY_PARAMETERS: Final[dict[str, Any]] = {"type": "object", "properties": {}}
 
 def _agent_tool_apply(tool: AgentTool, fields: Mapping[str, Any]) -> Errors:
     errors: Errors = [{"field": name, "message": "unknown field"} for name in sorted(set(fields) - TOOL_FIELDS)]
+    endpoint = tool.endpoint_url
     for name, value in fields.items():
         if name == "name":
             if not isinstance(value, str) or not TOOL_NAME.match(value.strip()):
@@ -703,6 +792,12 @@ def _agent_tool_apply(tool: AgentTool, fields: Mapping[str, Any]) -> Errors:
             errors.extend(number_errors)
             if not number_errors:
                 tool.timeout_seconds = float(value)
+    moved = tool.pk and tool.endpoint_url and tool.endpoint_url != endpoint
+    if moved and tool.endpoint_secret_encrypted and fields.get("endpoint_secret") is None:
+        # A secret is never sent to an endpoint it was not entered for (whoever edits a tool cannot read it).
+        errors.append(
+            {"field": "endpoint_secret", "message": 'enter the secret again (or "" for none) for the new endpoint'}
+        )
     if not tool.endpoint_url and tool.endpoint_secret_encrypted:
         if fields.get("endpoint_secret"):
             errors.append({"field": "endpoint_secret", "message": "a secret signs calls to an endpoint: give its URL"})
@@ -738,6 +833,8 @@ def agent_tool_create(
     endpoint_url: str = "",
     endpoint_secret: str | None = None,
     timeout_seconds: float = 10.0,
+    created_by: User | None = None,
+    created_via_key: ApiKey | None = None,
 ) -> AgentTool:
     """Offer the agentic tier a tool. `parameters` is the JSON Schema of its arguments (an object); with
     `endpoint_url` Keel calls the endpoint (signing with `endpoint_secret`), without it the client does."""
@@ -756,21 +853,49 @@ def agent_tool_create(
     if errors:
         raise exceptions.AgentToolInvalid(f"invalid tool: {_summary(errors)}", errors=errors)
     _agent_tool_save(tool)
+    audit.record(
+        workspace=agent.workspace_id,
+        action=AuditAction.TOOL_CREATED,
+        user=created_by,
+        api_key=created_via_key,
+        target=tool,
+        details={"endpoint_url": tool.endpoint_url, "has_endpoint_secret": bool(tool.endpoint_secret_encrypted)},
+    )
     return tool
 
 
 @transaction.atomic
-def agent_tool_update(*, tool: AgentTool, **fields: Any) -> AgentTool:
+def agent_tool_update(
+    *, tool: AgentTool, updated_by: User | None = None, updated_via_key: ApiKey | None = None, **fields: Any
+) -> AgentTool:
     """Change some of a tool (`TOOL_FIELDS`); `endpoint_secret=None` keeps the stored secret, "" removes it."""
     locked = AgentTool.objects.select_for_update().get(pk=tool.pk)
     errors = _agent_tool_apply(locked, fields)
     if errors:
         raise exceptions.AgentToolInvalid(f"invalid tool: {_summary(errors)}", errors=errors)
     _agent_tool_save(locked)
+    audit.record(
+        workspace=locked.agent.workspace_id,
+        action=AuditAction.TOOL_CHANGED,
+        user=updated_by,
+        api_key=updated_via_key,
+        target=locked,
+        details={"fields": sorted(fields)},
+    )
     return locked
 
 
-def agent_tool_delete(*, tool: AgentTool) -> None:
+@transaction.atomic
+def agent_tool_delete(
+    *, tool: AgentTool, deleted_by: User | None = None, deleted_via_key: ApiKey | None = None
+) -> None:
+    audit.record(
+        workspace=tool.agent.workspace_id,
+        action=AuditAction.TOOL_DELETED,
+        user=deleted_by,
+        api_key=deleted_via_key,
+        target=tool,
+    )
     tool.delete()
 
 

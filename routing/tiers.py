@@ -27,6 +27,7 @@ from agent_registry import prompts
 from agent_registry.models import Agent, PromptType, PromptVersion
 from config import crypto
 from config.errors import Conflict
+from config.redact import redact, redact_value
 from routing import guarding, hooks, providers
 from routing.models import AgentTool, ChainStep, Handoff, ModelTarget, RouterConfig, TierChoice
 from routing.recording import TraceRecorder
@@ -278,8 +279,9 @@ def _arguments(call: Mapping[str, Any]) -> Any:
 def _endpoint_call(tool: AgentTool, arguments: Any, context: TierContext) -> tuple[Any, str | None]:
     """Call a registered tool endpoint; returns (result, error)."""
     headers = {"Content-Type": "application/json"}
-    if tool.endpoint_secret_encrypted:
-        headers["Authorization"] = f"Bearer {crypto.decrypt(tool.endpoint_secret_encrypted)}"
+    secret = crypto.decrypt(tool.endpoint_secret_encrypted) if tool.endpoint_secret_encrypted else ""
+    if secret:
+        headers["Authorization"] = f"Bearer {secret}"
     body = {
         "tool": tool.name,
         "arguments": arguments,
@@ -289,11 +291,15 @@ def _endpoint_call(tool: AgentTool, arguments: Any, context: TierContext) -> tup
     try:
         response = httpx.post(tool.endpoint_url, json=body, headers=headers, timeout=tool.timeout_seconds)
     except httpx.HTTPError as error:
-        return {"error": f"{type(error).__name__}: {error}"}, f"tool endpoint unreachable: {error}"
+        text = redact(f"{type(error).__name__}: {error}", secret)
+        return {"error": text}, f"tool endpoint unreachable: {text}"
     try:
         result: Any = response.json()
     except ValueError:
         result = response.text[:MAX_TOOL_RESULT_CHARS]
+    # The result goes to the model, the trajectory and the client: an endpoint that quotes the secret it
+    # was sent (in an error, say) must not hand it on.
+    result = redact_value(result, secret)
     if response.status_code >= 400:
         return {"error": result, "status_code": response.status_code}, f"tool endpoint answered {response.status_code}"
     return result, None

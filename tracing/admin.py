@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.db import models
 from django.http import HttpRequest
 
 from tracing.models import IngestBatch, LangfuseExport, LangfuseMirror, ModelPriceOverride, Replay, Score, Trajectory
@@ -53,6 +54,8 @@ class ModelPriceOverrideAdmin(admin.ModelAdmin[ModelPriceOverride]):
 class LangfuseMirrorAdmin(admin.ModelAdmin[LangfuseMirror]):
     list_display = ("workspace", "host", "enabled", "last_success_at", "last_error_at", "delivered_spans")
     exclude = ("secret_key_encrypted",)  # set through the API; never shown
+    # Django 6 assumes https for a URL typed without a scheme; say so now (Django 5.2 warns otherwise).
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
 
 
 @admin.register(LangfuseExport)

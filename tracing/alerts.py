@@ -40,8 +40,9 @@ from django.db.models import Count, F, Q, QuerySet
 from django.urls import reverse
 from django.utils import timezone
 
-from agent_registry.models import Agent, ApiKey, User, Workspace
-from config import crypto
+from agent_registry import audit
+from agent_registry.models import Agent, ApiKey, AuditAction, User, Workspace
+from config import crypto, dispatch
 from tracing import exceptions, signals
 from tracing.models import (
     ERROR_STATUS_SIGNAL,
@@ -143,8 +144,14 @@ def _apply(rule: AlertRule, fields: RuleFields) -> None:
     rule.webhook_url = fields.webhook_url.strip()
 
 
+@transaction.atomic
 def alert_rule_create(
-    *, agent: Agent, fields: RuleFields, webhook_secret: str = "", created_by: User | None = None
+    *,
+    agent: Agent,
+    fields: RuleFields,
+    webhook_secret: str = "",
+    created_by: User | None = None,
+    created_via_key: ApiKey | None = None,
 ) -> AlertRule:
     """Add a rule to an agent. Raises AlertRuleInvalid naming every bad field, having stored nothing."""
     _raise(_rule_problems(fields, has_secret=bool(webhook_secret)))
@@ -152,10 +159,26 @@ def alert_rule_create(
     _apply(rule, fields)
     rule.webhook_secret_encrypted = crypto.encrypt(webhook_secret) if fields.webhook_url else ""
     rule.save()
+    audit.record(
+        workspace=agent.workspace_id,
+        action=AuditAction.ALERT_RULE_CREATED,
+        user=created_by,
+        api_key=created_via_key,
+        target=rule,
+        target_name=rule.name,
+        details={"agent": agent.slug, "signal": rule.signal, "webhook_url": rule.webhook_url},
+    )
     return rule
 
 
-def alert_rule_update(*, rule: AlertRule, fields: RuleFields, webhook_secret: str | None = None) -> AlertRule:
+def alert_rule_update(
+    *,
+    rule: AlertRule,
+    fields: RuleFields,
+    webhook_secret: str | None = None,
+    updated_by: User | None = None,
+    updated_via_key: ApiKey | None = None,
+) -> AlertRule:
     """Change a rule; `webhook_secret=None` keeps the stored secret. Its firing history stays."""
     has_secret = bool(webhook_secret) or (webhook_secret is None and bool(rule.webhook_secret_encrypted))
     _raise(_rule_problems(fields, has_secret=has_secret))
@@ -167,10 +190,30 @@ def alert_rule_update(*, rule: AlertRule, fields: RuleFields, webhook_secret: st
         elif webhook_secret:
             locked.webhook_secret_encrypted = crypto.encrypt(webhook_secret)
         locked.save()
+        audit.record(
+            workspace=locked.workspace_id,
+            action=AuditAction.ALERT_RULE_CHANGED,
+            user=updated_by,
+            api_key=updated_via_key,
+            target=locked,
+            target_name=locked.name,
+            details={"webhook_url": locked.webhook_url, "webhook_secret_changed": bool(webhook_secret)},
+        )
     return locked
 
 
-def alert_rule_delete(*, rule: AlertRule) -> None:
+@transaction.atomic
+def alert_rule_delete(
+    *, rule: AlertRule, deleted_by: User | None = None, deleted_via_key: ApiKey | None = None
+) -> None:
+    audit.record(
+        workspace=rule.workspace_id,
+        action=AuditAction.ALERT_RULE_DELETED,
+        user=deleted_by,
+        api_key=deleted_via_key,
+        target=rule,
+        target_name=rule.name,
+    )
     AlertRule.objects.filter(pk=rule.pk).delete()
 
 
@@ -263,11 +306,8 @@ def _fire(rule: AlertRule, observation: Observation, now: datetime) -> Alert | N
         AlertDelivery.objects.bulk_create(deliveries)
         outbound = [delivery.pk for delivery in deliveries if delivery.status == DeliveryStatus.PENDING]
 
-        def send() -> None:
-            for delivery_id in outbound:
-                tasks.alert_delivery_deliver.delay(delivery_id)
-
-        transaction.on_commit(send)
+        for delivery_id in outbound:
+            dispatch.task_send_on_commit(tasks.alert_delivery_deliver, delivery_id)
     logger.info(
         "tracing.alert_fired",
         extra={

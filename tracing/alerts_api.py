@@ -19,7 +19,14 @@ router = Router(tags=["alerts"])
 
 READ = key_auth(Scope.READ)
 WRITE = key_auth(Scope.WRITE)
-ERRORS: dict[int, type[Schema]] = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut}
+ERRORS: dict[int, type[Schema]] = {
+    400: ErrorOut,
+    401: ErrorOut,
+    403: ErrorOut,
+    404: ErrorOut,
+    413: ErrorOut,
+    422: ErrorOut,
+}
 
 
 class AlertRuleIn(Schema):
@@ -176,7 +183,12 @@ def alert_rule_create_api(request: HttpRequest, payload: AlertRuleCreateIn) -> A
     agent = registry_selectors.agent_get(
         workspace=request_workspace(request), slug=payload.agent, agent_ids=request_agent_ids(request)
     )
-    rule = alerts.alert_rule_create(agent=agent, fields=_fields(payload), webhook_secret=payload.webhook_secret or "")
+    rule = alerts.alert_rule_create(
+        agent=agent,
+        fields=_fields(payload),
+        webhook_secret=payload.webhook_secret or "",
+        created_via_key=request_api_key(request),
+    )
     return Status(201, _rule_out(rule))
 
 
@@ -193,7 +205,12 @@ def alert_rule_update_api(request: HttpRequest, rule_id: int, payload: AlertRule
     rule = alerts.alert_rule_get(
         workspace=request_workspace(request), rule_id=rule_id, agent_ids=request_agent_ids(request)
     )
-    updated = alerts.alert_rule_update(rule=rule, fields=_fields(payload), webhook_secret=payload.webhook_secret)
+    updated = alerts.alert_rule_update(
+        rule=rule,
+        fields=_fields(payload),
+        webhook_secret=payload.webhook_secret,
+        updated_via_key=request_api_key(request),
+    )
     updated.agent = rule.agent
     return _rule_out(updated)
 
@@ -204,7 +221,7 @@ def alert_rule_delete_api(request: HttpRequest, rule_id: int) -> Any:
     rule = alerts.alert_rule_get(
         workspace=request_workspace(request), rule_id=rule_id, agent_ids=request_agent_ids(request)
     )
-    alerts.alert_rule_delete(rule=rule)
+    alerts.alert_rule_delete(rule=rule, deleted_via_key=request_api_key(request))
     return Status(204, None)
 
 

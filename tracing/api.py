@@ -6,6 +6,7 @@ OTLP ingest itself is `tracing.otlp_api.traces_ingest_api` (a plain Django view:
 from __future__ import annotations
 
 import dataclasses
+import json
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal
@@ -292,7 +293,13 @@ def trajectory_get_api(request: HttpRequest, trace_id: str, include_inputs: bool
     body = _detail_out(trajectory, selectors.trajectory_view_document(trajectory=trajectory, full=include_inputs))
     # Serialized here with orjson: the schema above documents the shape, and validating a body of
     # thousands of nested messages through pydantic again would cost more than building it.
-    return HttpResponse(orjson.dumps(body, default=str), content_type="application/json")
+    try:
+        content = orjson.dumps(body, default=str)
+    except TypeError:
+        # An integer past 64 bits, which orjson refuses: a float as large (2e19) in the metadata comes
+        # back from PostgreSQL's jsonb as an integer. The standard library writes any integer.
+        content = json.dumps(body, default=str).encode()
+    return HttpResponse(content, content_type="application/json")
 
 
 @router.get("/trajectories/{trace_id}/scores", auth=READ, response={200: list[ScoreOut], **ERRORS})
@@ -359,6 +366,7 @@ def model_price_set_api(request: HttpRequest, payload: ModelPriceIn) -> Any:
         input_usd_per_million=payload.input_usd_per_million,
         output_usd_per_million=payload.output_usd_per_million,
         cache_read_usd_per_million=payload.cache_read_usd_per_million,
+        set_via_key=request_api_key(request),
     )
     return {
         "model": price.model,

@@ -8,13 +8,20 @@ from typing import Any
 from django.http import HttpRequest
 from ninja import Field, Router, Schema, Status
 
-from agent_registry.auth import key_auth, request_workspace
+from agent_registry.auth import key_auth, request_api_key, request_workspace
 from agent_registry.models import Scope
 from agent_registry.schemas import ErrorOut
 from tracing import langfuse_bridge, selectors
 
 router = Router(tags=["langfuse mirror"])
-ERRORS: dict[int, type[Schema]] = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut}
+ERRORS: dict[int, type[Schema]] = {
+    400: ErrorOut,
+    401: ErrorOut,
+    403: ErrorOut,
+    404: ErrorOut,
+    413: ErrorOut,
+    422: ErrorOut,
+}
 
 
 class LangfuseMirrorIn(Schema):
@@ -70,13 +77,16 @@ def langfuse_mirror_configure_api(request: HttpRequest, payload: LangfuseMirrorI
         public_key=payload.public_key,
         secret_key=payload.secret_key,
         enabled=payload.enabled,
+        configured_via_key=request_api_key(request),
     )
     return _status_out(request)
 
 
 @router.delete("/integrations/langfuse", auth=key_auth(Scope.WRITE), response={204: None, **ERRORS})
 def langfuse_mirror_delete_api(request: HttpRequest) -> Any:
-    langfuse_bridge.langfuse_mirror_delete(workspace=request_workspace(request))
+    langfuse_bridge.langfuse_mirror_delete(
+        workspace=request_workspace(request), deleted_via_key=request_api_key(request)
+    )
     return Status(204, None)
 
 

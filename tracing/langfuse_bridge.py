@@ -21,8 +21,10 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from agent_registry.models import Workspace
-from config import crypto
+from agent_registry import audit
+from agent_registry.models import ApiKey, AuditAction, User, Workspace
+from config import crypto, dispatch
+from config.redact import basic_credential, redact
 from tracing import exceptions, otlp
 from tracing.langfuse_encode import EncodedResource, encode_spans, encoded_from_json, encoded_to_json
 from tracing.models import ExportKind, ExportStatus, LangfuseExport, LangfuseMirror, Score, ScoreDataType
@@ -42,8 +44,16 @@ class DeliveryError(Exception):
 # --- Configuration -----------------------------------------------------------------------------------
 
 
+@transaction.atomic
 def langfuse_mirror_configure(
-    *, workspace: Workspace, host: str, public_key: str, secret_key: str | None, enabled: bool = True
+    *,
+    workspace: Workspace,
+    host: str,
+    public_key: str,
+    secret_key: str | None,
+    enabled: bool = True,
+    configured_by: User | None = None,
+    configured_via_key: ApiKey | None = None,
 ) -> LangfuseMirror:
     """Point the workspace's mirror at a Langfuse project. `secret_key=None` keeps the stored one."""
     problems = []
@@ -63,10 +73,37 @@ def langfuse_mirror_configure(
     if secret_key is not None:
         defaults["secret_key_encrypted"] = crypto.encrypt(secret_key)
     mirror, _ = LangfuseMirror.objects.update_or_create(workspace=workspace, defaults=defaults)
+    audit.record(
+        workspace=workspace,
+        action=AuditAction.LANGFUSE_MIRROR_CHANGED,
+        user=configured_by,
+        api_key=configured_via_key,
+        target=mirror,
+        target_name=mirror.host,
+        details={
+            "host": mirror.host,
+            "public_key": mirror.public_key,
+            "enabled": mirror.enabled,
+            "secret_key_changed": secret_key is not None,
+        },
+    )
     return mirror
 
 
-def langfuse_mirror_delete(*, workspace: Workspace) -> None:
+@transaction.atomic
+def langfuse_mirror_delete(
+    *, workspace: Workspace, deleted_by: User | None = None, deleted_via_key: ApiKey | None = None
+) -> None:
+    mirror = LangfuseMirror.objects.filter(workspace=workspace).first()
+    if mirror is not None:
+        audit.record(
+            workspace=workspace,
+            action=AuditAction.LANGFUSE_MIRROR_DELETED,
+            user=deleted_by,
+            api_key=deleted_via_key,
+            target=mirror,
+            target_name=mirror.host,
+        )
     LangfuseMirror.objects.filter(workspace=workspace).delete()
     LangfuseExport.objects.filter(workspace=workspace, status__in=[ExportStatus.PENDING, ExportStatus.SENDING]).delete()
 
@@ -81,7 +118,7 @@ def _mirror_enabled(workspace_id: int) -> bool:
 def _enqueue(export: LangfuseExport) -> None:
     from tracing import tasks
 
-    transaction.on_commit(lambda: tasks.langfuse_export_deliver.delay(export.pk))
+    dispatch.task_send_on_commit(tasks.langfuse_export_deliver, export.pk)
 
 
 def langfuse_export_spans(*, workspace_id: int, spans: Sequence[otlp.Span]) -> LangfuseExport | None:
@@ -219,7 +256,11 @@ def _deliver(mirror: LangfuseMirror, export: LangfuseExport) -> None:
                 raise DeliveryError(f"Langfuse rejected the score: {errors}")
     except (ApiError, httpx.HTTPError, pydantic.ValidationError, ValueError) as error:
         # HTTP errors, network errors and answers the SDK cannot read: recorded on the row and retried.
-        raise DeliveryError(f"{type(error).__name__}: {str(error)[:500]}") from error
+        # The row's error is shown in the API and the dashboard: a server that quotes the credentials it
+        # was sent must not put them there.
+        secret = crypto.decrypt(mirror.secret_key_encrypted)
+        text = redact(str(error), secret, basic_credential(mirror.public_key, secret))
+        raise DeliveryError(f"{type(error).__name__}: {text[:500]}") from error
 
 
 def _claim(export_id: int) -> LangfuseExport | None:
@@ -289,9 +330,6 @@ def langfuse_export_retry_failed(*, workspace: Workspace) -> int:
     )
     from tracing import tasks
 
-    def deliver_all() -> None:
-        for export_id in ids:
-            tasks.langfuse_export_deliver.delay(export_id)
-
-    transaction.on_commit(deliver_all)
+    for export_id in ids:
+        dispatch.task_send_on_commit(tasks.langfuse_export_deliver, export_id)
     return len(ids)

@@ -81,6 +81,13 @@ KEEL_REWARD: Final = "keel.reward"
 CONTENT_TYPE_PROTOBUF: Final = "application/x-protobuf"
 CONTENT_TYPE_JSON: Final = "application/json"
 
+# OTLP times are unsigned 64-bit nanoseconds; Keel stores them signed (PostgreSQL's bigint), which ends in
+# April 2262. A span that ends later is rejected: accepted, it would fail its whole batch in the worker.
+LAST_STORABLE_TIME_NS: Final = 2**63 - 1
+# Token counts above this (or below 0) are dropped; they are no real counts (see _token_count).
+MAX_TOKEN_COUNT: Final = 2**31 - 1
+TIME_NOT_STORABLE: Final = "time after 2262-04-11"
+
 DEFAULT_MAX_DECOMPRESSED_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_MAX_ATTRIBUTE_LENGTH: Final = 1_000_000
 TRUNCATION_MARKER: Final = "…[truncated by Keel; original length {length}]"
@@ -389,6 +396,8 @@ def _pb_rejection(trace_id: bytes, span_id: bytes, parent_id: bytes, name: str, 
         return "missing start time"
     if end < start:
         return "end time before start time"
+    if end > LAST_STORABLE_TIME_NS:
+        return TIME_NOT_STORABLE
     return None
 
 
@@ -673,6 +682,8 @@ def _json_span(
     end = _json_int(_get(span, "endTimeUnixNano", "end_time_unix_nano"))
     if end is None or end < start or end > _UINT64_MAX:
         raise _Invalid("end time before start time")
+    if end > LAST_STORABLE_TIME_NS:
+        raise _Invalid(TIME_NOT_STORABLE)
     kind = span.get("kind")
     kind_number = _SPAN_KIND_NAMES.get(kind, 0) if isinstance(kind, str) else _json_int(kind)
     if kind_number is None or not 0 <= kind_number < len(SPAN_KINDS):
@@ -1449,6 +1460,12 @@ def _error(
     return error_type, error_message
 
 
+def _token_count(value: Any) -> int | None:
+    # Counts are stored in int4 columns (tracing/records.py) and summed into a trajectory's bigint totals:
+    # a count outside 0..2^31-1 is no real count, and a few of them would overflow the totals.
+    return value if isinstance(value, int) and 0 <= value <= MAX_TOKEN_COUNT else None
+
+
 def _usage(attributes: Mapping[str, Any], values: dict[str, Any], used: set[str]) -> Usage:
     raw_details = attributes.get("langfuse.observation.usage_details")
     if raw_details is not None:
@@ -1459,11 +1476,11 @@ def _usage(attributes: Mapping[str, Any], values: dict[str, Any], used: set[str]
                 if value is not None:
                     values[field] = value
                     used.add("langfuse.observation.usage_details")
-    input_tokens = values.get("input_tokens")
-    output_tokens = values.get("output_tokens")
-    total_tokens = values.get("total_tokens")
-    cache_read_tokens = values.get("cache_read_tokens")
-    reasoning_tokens = values.get("reasoning_tokens")
+    input_tokens = _token_count(values.get("input_tokens"))
+    output_tokens = _token_count(values.get("output_tokens"))
+    total_tokens = _token_count(values.get("total_tokens"))
+    cache_read_tokens = _token_count(values.get("cache_read_tokens"))
+    reasoning_tokens = _token_count(values.get("reasoning_tokens"))
     if (
         input_tokens is None
         and output_tokens is None

@@ -23,6 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from agent_registry.auth import api_key_from_headers
 from agent_registry.models import Scope
+from config import unavailable
 from config.errors import KeelError
 from tracing import services
 from tracing.exceptions import IngestPayloadTooLarge
@@ -86,7 +87,5 @@ def traces_ingest_api(request: HttpRequest) -> HttpResponse:
     except DatabaseError:
         # Nothing was acknowledged; the client keeps the batch and retries.
         logger.exception("tracing.ingest_database_unavailable")
-        response = JsonResponse({"detail": "storage is unavailable; retry shortly", "code": "unavailable"}, status=503)
-        response["Retry-After"] = str(settings.KEEL_INGEST_RETRY_AFTER_SECONDS)
-        return response
+        return unavailable.database_unavailable_response(retry_after=settings.KEEL_INGEST_RETRY_AFTER_SECONDS)
     return _success(content_type, accepted.rejected_spans, accepted.error_message)

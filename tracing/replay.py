@@ -40,6 +40,7 @@ from django.utils import timezone
 
 from agent_registry import prompts
 from agent_registry.models import ApiKey, PromptType, PromptVersion, User
+from config import dispatch
 from config.errors import KeelError
 from tracing import exceptions, otlp, selectors, services
 from tracing.models import DivergencePolicy, Replay, ReplayStatus, Trajectory, TrajectoryStatus
@@ -288,7 +289,7 @@ def replay_create(
             created_by=created_by,
             created_via_key=created_via_key,
         )
-        transaction.on_commit(lambda: tasks.replay_execute.delay(replay.pk))
+        dispatch.task_send_on_commit(tasks.replay_execute, replay.pk)
     return replay
 
 

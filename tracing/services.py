@@ -26,14 +26,16 @@ from typing import Any
 import orjson
 import psycopg
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import F, Min, Q, Sum
 from django.utils import timezone
 from django.utils.text import slugify
 
+from agent_registry import audit
 from agent_registry import services as registry_services
 from agent_registry.exceptions import AgentSlugTaken
-from agent_registry.models import Agent, AgentStatus, ApiKey, PromptVersion, User, Workspace
+from agent_registry.models import Agent, AgentStatus, ApiKey, AuditAction, PromptVersion, User, Workspace
+from config import dispatch
 from tracing import exceptions, langfuse_bridge, otlp, pricing, selectors, signals, trajectory_json
 from tracing.models import (
     BatchSource,
@@ -78,19 +80,35 @@ CAPACITY_WINDOW_SECONDS = 10
 
 class _Backlog:
     """The ingest queue's state, read at most once a second per process: two small queries on partial
-    indexes, not one per request."""
+    indexes, not one per request. Until the next read, the spans the process itself let in count as
+    waiting: on one stale read, its threads would otherwise let in request after request (at twice the
+    workers' capacity, 28,000 spans in six seconds under a limit of 5,000, which then took the workers
+    half a minute to store)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._value = BacklogState(0, 0.0, 0.0)
         self._read_at = 0.0
+        self._admitted = 0  # spans let in by this process since the last read
 
     def state(self) -> BacklogState:
-        now = time.monotonic()
         with self._lock:
-            if now - self._read_at >= 1.0:
-                self._value, self._read_at = self._read(), now
-            return self._value
+            return self._current()
+
+    def admit(self, incoming: int) -> str | None:
+        """Count `incoming` spans in, or return why they are refused. One step under the lock, so that
+        concurrent requests of the process cannot all pass on the same state."""
+        with self._lock:
+            reason = _backlog_refusal(self._current(), incoming)
+            if reason is None:
+                self._admitted += incoming
+            return reason
+
+    def _current(self) -> BacklogState:
+        now = time.monotonic()
+        if now - self._read_at >= 1.0:
+            self._value, self._read_at, self._admitted = self._read(), now, 0
+        return dataclasses.replace(self._value, spans=self._value.spans + self._admitted)
 
     def _read(self) -> BacklogState:
         waiting = IngestBatch.objects.filter(status__in=(BatchStatus.PENDING, BatchStatus.PROCESSING)).aggregate(
@@ -116,26 +134,32 @@ class _Backlog:
 backlog = _Backlog()
 
 
-def _backlog_check(incoming: int) -> None:
-    """Refuse (429 with Retry-After) rather than queue more than the workers can store within
-    KEEL_INGEST_MAX_QUEUE_SECONDS at the rate they have just shown: that bound, not a fixed count, is
-    what keeps time-to-queryable short under overload. A floor lets bursts into an idle system (whose
-    recent rate says nothing), and KEEL_INGEST_BACKLOG_SPANS caps everything."""
-    waiting = backlog.state()
+def _backlog_refusal(waiting: BacklogState, incoming: int) -> str | None:
+    """Why `incoming` more spans are refused, or None. Keel refuses rather than queue more than the
+    workers can store within KEEL_INGEST_MAX_QUEUE_SECONDS at the rate they have just shown: that
+    bound, not a fixed count, is what keeps time-to-queryable short under overload. A floor lets bursts
+    into an idle system (whose recent rate says nothing), and KEEL_INGEST_BACKLOG_SPANS caps everything."""
     max_seconds: float = settings.KEEL_INGEST_MAX_QUEUE_SECONDS
     capacity = max(waiting.spans_per_second * max_seconds, float(settings.KEEL_INGEST_BACKLOG_FLOOR_SPANS))
     limit = min(capacity, float(settings.KEEL_INGEST_BACKLOG_SPANS))
     # An empty queue takes any request the body limit lets through: refusing it could never succeed.
     if waiting.spans and waiting.spans + incoming > limit:
-        reason = (
+        return (
             f"{waiting.spans} spans are waiting; the workers store about {waiting.spans_per_second:,.0f} spans/s, "
             f"so Keel queues at most {limit:,.0f}"
         )
-    elif waiting.oldest_age_seconds > max_seconds:
-        reason = f"the oldest waiting batch has waited {waiting.oldest_age_seconds:.1f} s (limit {max_seconds:g} s)"
-    else:
-        return
-    raise exceptions.IngestBacklogFull(f"{reason}; retry shortly", retry_after=settings.KEEL_INGEST_RETRY_AFTER_SECONDS)
+    if waiting.oldest_age_seconds > max_seconds:
+        return f"the oldest waiting batch has waited {waiting.oldest_age_seconds:.1f} s (limit {max_seconds:g} s)"
+    return None
+
+
+def _backlog_check(incoming: int) -> None:
+    """Let `incoming` spans into the queue, or raise IngestBacklogFull (429 with Retry-After)."""
+    reason = backlog.admit(incoming)
+    if reason is not None:
+        raise exceptions.IngestBacklogFull(
+            f"{reason}; retry shortly", retry_after=settings.KEEL_INGEST_RETRY_AFTER_SECONDS
+        )
 
 
 def _batch_store(
@@ -158,15 +182,27 @@ def _batch_store(
             row = cursor.fetchone()
         assert row is not None
         batch_id: int = row[0]
-        transaction.on_commit(lambda: tasks.span_batch_process.delay(batch_id))
+        dispatch.task_send_on_commit(tasks.span_batch_process, batch_id)
     return batch_id
+
+
+def _spans_per_request_check(count: int) -> None:
+    """Refuse (413) a request of more spans than one batch may hold. A worker builds every span of a batch
+    and of its trajectories at once, so an unbounded count is unbounded memory: 16 MB of tiny spans is
+    about 330,000 of them, and one trace of that many took 7 GB to store."""
+    limit: int = settings.KEEL_INGEST_MAX_SPANS_PER_REQUEST
+    if count > limit:
+        raise exceptions.IngestPayloadTooLarge(
+            f"the request holds {count:,} spans; send at most {limit:,} per request (split the batch)"
+        )
 
 
 def ingest_otlp_accept(*, api_key: ApiKey, body: bytes, content_type: str, content_encoding: str) -> IngestAccepted:
     """Validate an OTLP/HTTP export request and store it; returns what was accepted and rejected.
 
-    Raises IngestContentTypeUnsupported, IngestPayloadInvalid, IngestPayloadTooLarge or
-    IngestBacklogFull, having stored nothing.
+    Raises IngestContentTypeUnsupported, IngestPayloadInvalid, IngestPayloadTooLarge (a body past the
+    decompressed limit, or more than KEEL_INGEST_MAX_SPANS_PER_REQUEST spans) or IngestBacklogFull,
+    having stored nothing.
     """
     try:
         # Counts and errors exactly as the worker's full decode will see them, at a fraction of its cost.
@@ -185,6 +221,7 @@ def ingest_otlp_accept(*, api_key: ApiKey, body: bytes, content_type: str, conte
         raise exceptions.IngestPayloadInvalid(f"no span can be stored: {summary.error_message}")
     if not accepted:
         return IngestAccepted(None, 0, 0, "")
+    _spans_per_request_check(accepted)
     _backlog_check(accepted)
     batch_id = _batch_store(
         api_key=api_key,
@@ -211,6 +248,7 @@ def ingest_trajectories_accept(*, api_key: ApiKey, payload: Any) -> tuple[Ingest
             document.started_at = received
     spans = [span for document in documents for span in trajectory_json.document_spans(document)]
     trace_ids = list(dict.fromkeys(span.trace_id for span in spans))
+    _spans_per_request_check(len(spans))
     _backlog_check(len(spans))
     body = orjson.dumps([document.model_dump(mode="json") for document in documents])
     batch_id = _batch_store(
@@ -259,14 +297,30 @@ def _span_from_document(document: dict[str, Any]) -> otlp.Span:
 # --- Processing batches ----------------------------------------------------------------------------
 
 
-def _batch_claim(batch_id: int) -> IngestBatch | None:
+class BatchInterrupted(Exception):
+    """The database failed while this worker held the batch. `attempt` names its claim, which the retry
+    takes back (`held=`) instead of waiting for the lease to run out and the sweeper to send the batch
+    again; meanwhile the batch would count as the oldest waiting one and hold ingest at 429."""
+
+    def __init__(self, batch_id: int, attempt: int, error: Exception) -> None:
+        super().__init__(f"batch {batch_id}, attempt {attempt}: {type(error).__name__}: {error}")
+        self.attempt = attempt
+
+
+def _batch_claim(batch_id: int, held: int | None = None) -> IngestBatch | None:
     lease = timezone.now() - timedelta(seconds=settings.KEEL_INGEST_LEASE_SECONDS)
-    claimed = IngestBatch.objects.filter(
-        Q(status=BatchStatus.PENDING) | Q(status=BatchStatus.PROCESSING, claimed_at__lt=lease), pk=batch_id
-    ).update(status=BatchStatus.PROCESSING, claimed_at=timezone.now(), attempts=F("attempts") + 1)
-    if not claimed:
-        return None
-    return IngestBatch.objects.select_related("workspace", "api_key").defer("body").get(pk=batch_id)
+    claimable = Q(status=BatchStatus.PENDING) | Q(status=BatchStatus.PROCESSING, claimed_at__lt=lease)
+    if held is not None:
+        # The caller's own claim: had anyone claimed the batch since, `attempts` would have moved on.
+        claimable |= Q(status=BatchStatus.PROCESSING, attempts=held)
+    # One transaction: a claim whose row could not be read back is not left behind.
+    with transaction.atomic():
+        claimed = IngestBatch.objects.filter(claimable, pk=batch_id).update(
+            status=BatchStatus.PROCESSING, claimed_at=timezone.now(), attempts=F("attempts") + 1
+        )
+        if not claimed:
+            return None
+        return IngestBatch.objects.select_related("workspace", "api_key").defer("body").get(pk=batch_id)
 
 
 def _batch_body(batch_id: int) -> bytes:
@@ -295,27 +349,31 @@ def _batch_spans(batch: IngestBatch) -> list[otlp.Span]:
     return otlp.map_spans(request.spans)
 
 
-def span_batch_process(*, batch_id: int) -> int:
+def span_batch_process(*, batch_id: int, held: int | None = None) -> int:
     """Turn a stored batch into spans and trajectories; returns how many spans were new.
 
     Idempotent: a batch that is done, or claimed by a live worker, is skipped; spans already stored
-    are not written again.
+    are not written again. `held` is the attempt of a claim this caller made before the database failed
+    (BatchInterrupted), which it may take back.
     """
-    batch = _batch_claim(batch_id)
+    batch = _batch_claim(batch_id, held)
     if batch is None:
         return 0
     try:
-        spans = _batch_spans(batch)
-    except (otlp.OtlpError, trajectory_json.TrajectoryJsonError, ValueError) as error:
-        # Validated when accepted, so this is a bug or a changed parser; keep the body for a replay.
-        IngestBatch.objects.filter(pk=batch_id).update(status=BatchStatus.FAILED, error=str(error)[:2000])
-        logger.error("tracing.batch_undecodable", extra={"batch_id": batch_id, "error": str(error)})
-        return 0
-    with transaction.atomic():
-        written = spans_write(workspace=batch.workspace, api_key=batch.api_key, spans=spans)
-        IngestBatch.objects.filter(pk=batch_id).update(
-            status=BatchStatus.DONE, processed_at=timezone.now(), body=b"", error=""
-        )
+        try:
+            spans = _batch_spans(batch)
+        except (otlp.OtlpError, trajectory_json.TrajectoryJsonError, ValueError) as error:
+            # Validated when accepted, so this is a bug or a changed parser; keep the body for a replay.
+            IngestBatch.objects.filter(pk=batch_id).update(status=BatchStatus.FAILED, error=str(error)[:2000])
+            logger.error("tracing.batch_undecodable", extra={"batch_id": batch_id, "error": str(error)})
+            return 0
+        with transaction.atomic():
+            written = spans_write(workspace=batch.workspace, api_key=batch.api_key, spans=spans)
+            IngestBatch.objects.filter(pk=batch_id).update(
+                status=BatchStatus.DONE, processed_at=timezone.now(), body=b"", error=""
+            )
+    except (OperationalError, InterfaceError) as error:
+        raise BatchInterrupted(batch_id, batch.attempts, error) from error
     return written
 
 
@@ -1002,6 +1060,8 @@ def model_price_set(
     input_usd_per_million: Decimal,
     output_usd_per_million: Decimal,
     cache_read_usd_per_million: Decimal | None = None,
+    set_by: User | None = None,
+    set_via_key: ApiKey | None = None,
 ) -> ModelPriceOverride:
     if not model.strip():
         raise exceptions.ModelPriceInvalid("model is required", errors=[{"field": "model", "message": "required"}])
@@ -1013,15 +1073,28 @@ def model_price_set(
             raise exceptions.ModelPriceInvalid(
                 f"{field} must not be negative", errors=[{"field": field, "message": "negative"}]
             )
-    price, _ = ModelPriceOverride.objects.update_or_create(
-        workspace=workspace,
-        model=model.strip(),
-        defaults={
-            "input_usd_per_million": input_usd_per_million,
-            "output_usd_per_million": output_usd_per_million,
-            "cache_read_usd_per_million": cache_read_usd_per_million,
-        },
-    )
+    with transaction.atomic():
+        price, _ = ModelPriceOverride.objects.update_or_create(
+            workspace=workspace,
+            model=model.strip(),
+            defaults={
+                "input_usd_per_million": input_usd_per_million,
+                "output_usd_per_million": output_usd_per_million,
+                "cache_read_usd_per_million": cache_read_usd_per_million,
+            },
+        )
+        audit.record(
+            workspace=workspace,
+            action=AuditAction.MODEL_PRICE_CHANGED,
+            user=set_by,
+            api_key=set_via_key,
+            target=price,
+            target_name=price.model,
+            details={
+                "input_usd_per_million": str(input_usd_per_million),
+                "output_usd_per_million": str(output_usd_per_million),
+            },
+        )
     return price
 
 

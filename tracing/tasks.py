@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from celery import shared_task
+from typing import Any
+
+from celery import Task, shared_task
+from celery.utils.time import get_exponential_backoff_interval
 from django.db import InterfaceError, OperationalError
 
 from tracing import alerts, langfuse_bridge, replay, services, triage
@@ -10,6 +13,7 @@ from tracing.exceptions import ReplayProviderUnavailable
 
 
 @shared_task(
+    bind=True,
     name="tracing.span_batch_process",
     acks_late=True,
     ignore_result=True,
@@ -19,9 +23,16 @@ from tracing.exceptions import ReplayProviderUnavailable
     soft_time_limit=50,
     time_limit=60,
 )
-def span_batch_process(batch_id: int) -> None:
-    """Turn one stored ingest batch into spans and trajectories; a finished batch is skipped."""
-    services.span_batch_process(batch_id=batch_id)
+def span_batch_process(self: Task[Any, None], batch_id: int, held: int | None = None) -> None:
+    """Turn one stored ingest batch into spans and trajectories; a finished batch is skipped. When the
+    database fails mid-batch, the retry takes back this task's own claim (`held`)."""
+    try:
+        services.span_batch_process(batch_id=batch_id, held=held)
+    except services.BatchInterrupted as interrupted:
+        countdown = get_exponential_backoff_interval(factor=1, retries=self.request.retries, maximum=600)
+        raise self.retry(
+            args=(batch_id,), kwargs={"held": interrupted.attempt}, exc=interrupted, countdown=countdown
+        ) from interrupted
 
 
 @shared_task(name="tracing.ingest_batch_sweep", ignore_result=True, soft_time_limit=50, time_limit=60)

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tracing.otlp import Span, Usage
+from tracing.otlp import LAST_STORABLE_TIME_NS, MAX_TOKEN_COUNT, Span, Usage
 
 MAX_MESSAGES = 5000
 
@@ -61,12 +62,14 @@ class _ToolCall(BaseModel):
 
 
 class _Usage(BaseModel):
+    # Bounded as the OTLP mapper bounds them: a count past 2^31-1 is no real count, and a few of them
+    # would overflow the trajectory's totals in the worker.
     model_config = ConfigDict(extra="allow")
-    input_tokens: int | None = Field(default=None, ge=0)
-    output_tokens: int | None = Field(default=None, ge=0)
-    prompt_tokens: int | None = Field(default=None, ge=0)
-    completion_tokens: int | None = Field(default=None, ge=0)
-    total_tokens: int | None = Field(default=None, ge=0)
+    input_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKEN_COUNT)
+    output_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKEN_COUNT)
+    prompt_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKEN_COUNT)
+    completion_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKEN_COUNT)
+    total_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKEN_COUNT)
 
 
 class _Message(BaseModel):
@@ -105,6 +108,28 @@ class TrajectoryDocument(BaseModel):
         if value is not None and int(value, 16) == 0:
             raise ValueError("trace_id must not be all zeros")
         return value.lower() if value else value
+
+    # Span times are nanoseconds since 1970 in a signed 64-bit column: a trajectory must start after 1970
+    # and end (with its messages' durations) before April 2262, or its batch would fail in the worker.
+    @field_validator("started_at")
+    @classmethod
+    def _storable_start(cls, value: datetime | float | None) -> datetime | float | None:
+        if value is None:
+            return value
+        seconds = (
+            (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp() if isinstance(value, datetime) else value
+        )
+        if not (math.isfinite(seconds) and 0 <= seconds * 1e9 <= LAST_STORABLE_TIME_NS):
+            raise ValueError("must be between 1970-01-01 and 2262-04-11")
+        return value
+
+    @model_validator(mode="after")
+    def _storable_end(self) -> TrajectoryDocument:
+        if self.started_at is not None:
+            end = _start_ns(self) + sum(_duration_ns(message) for message in self.messages)
+            if end > LAST_STORABLE_TIME_NS:
+                raise ValueError("the trajectory must end before 2262-04-11 (started_at plus the durations)")
+        return self
 
 
 def _errors(error: ValidationError, prefix: str) -> list[dict[str, str]]:
@@ -161,6 +186,10 @@ def _start_ns(document: TrajectoryDocument) -> int:
         aware = started if started.tzinfo else started.replace(tzinfo=UTC)
         return int(aware.timestamp() * 1e9)
     return int(started * 1e9)
+
+
+def _duration_ns(message: _Message) -> int:
+    return int((message.duration_ms if message.duration_ms is not None else 1.0) * 1e6)
 
 
 def _message_dict(message: _Message) -> dict[str, Any]:
@@ -273,7 +302,7 @@ def document_spans(document: TrajectoryDocument) -> list[Span]:
     history: list[dict[str, Any]] = []
     calls: dict[str, tuple[str, Any]] = {}  # tool call id → (tool name, arguments)
     for index, message in enumerate(document.messages):
-        duration = int((message.duration_ms if message.duration_ms is not None else 1.0) * 1e6)
+        duration = _duration_ns(message)
         as_dict = _message_dict(message)
         span_id = _digest(trace_id, "step", str(index), size=8)
         if message.role == "assistant":

@@ -23,7 +23,14 @@ router = Router(tags=["triage"])
 
 READ = key_auth(Scope.READ)
 WRITE = key_auth(Scope.WRITE)
-ERRORS: dict[int, type[Schema]] = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut}
+ERRORS: dict[int, type[Schema]] = {
+    400: ErrorOut,
+    401: ErrorOut,
+    403: ErrorOut,
+    404: ErrorOut,
+    413: ErrorOut,
+    422: ErrorOut,
+}
 
 
 # --- Triage settings ------------------------------------------------------------------------------------

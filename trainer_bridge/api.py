@@ -2,8 +2,9 @@
 training jobs, and the GPU worker's side of a job (claim, heartbeat, metrics, adapter, finish; the protocol
 is in trainer_bridge/worker.py).
 
-Reads need `read`, writes `write`; the worker calls with a `write` key of its own (a job is held by the key
-that claimed it). A key limited to some agents cannot use the trainer bridge: curations span agents.
+Reads need `read`, writes `write`. The GPU worker's calls need `train` and nothing else: a `train` key claims a
+job, reads that job's export and no other data, and reports on the job it holds (a job is held by the key that
+claimed it). A key limited to some agents cannot use the trainer bridge: curations span agents.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import orjson
 from django.http import FileResponse, HttpRequest
 from ninja import Field, Router, Schema, Status
 
+from agent_registry import audit
 from agent_registry.auth import key_auth, request_agent_ids, request_api_key, request_workspace
-from agent_registry.models import Scope
+from agent_registry.models import AuditAction, Scope
 from agent_registry.schemas import ErrorOut
 from config.errors import PermissionDenied
 from trainer_bridge import jobs, services
@@ -26,6 +28,7 @@ router = Router(tags=["training"])
 
 READ = key_auth(Scope.READ)
 WRITE = key_auth(Scope.WRITE)
+TRAIN = key_auth(Scope.TRAIN)
 ERRORS: dict[int, type[Schema]] = {
     400: ErrorOut,
     401: ErrorOut,
@@ -312,7 +315,7 @@ def export_cancel_api(request: HttpRequest, export_id: int) -> Any:
     response={200: None, **ERRORS},
     openapi_extra={
         "responses": {
-            "200": {"description": "The export", "content": {"application/x-ndjson": {"schema": {"type": "string"}}}}
+            200: {"description": "The export", "content": {"application/x-ndjson": {"schema": {"type": "string"}}}}
         }
     },
 )
@@ -320,6 +323,12 @@ def export_download_api(request: HttpRequest, export_id: int) -> Any:
     """The export's file (409 until it has succeeded); its sha256 is in the manifest and the ETag."""
     export = _export(request, export_id)
     path = services.export_file(export=export)
+    audit.record(
+        workspace=export.workspace_id,
+        action=AuditAction.EXPORT_DOWNLOADED,
+        api_key=request_api_key(request),
+        target=export,
+    )
     response = FileResponse(
         path.open("rb"), content_type="application/x-ndjson", as_attachment=True, filename=path.name
     )
@@ -362,27 +371,54 @@ def job_create_api(request: HttpRequest, payload: JobIn) -> Any:
     return Status(201, _job_out(job))
 
 
-@router.post("/training-jobs/claim", auth=WRITE, response={200: dict[str, Any], 204: None, **ERRORS})
+@router.post("/training-jobs/claim", auth=TRAIN, response={200: dict[str, Any], 204: None, **ERRORS})
 def job_claim_api(request: HttpRequest, payload: ClaimIn) -> Any:
     """A GPU worker takes the oldest waiting job (or one whose worker stopped sending heartbeats)."""
     _workspace_wide(request)
     job = jobs.job_claim(api_key=request_api_key(request), worker=payload.worker)
     if job is None:
         return Status(204, None)
-    config = {key: value for key, value in job.config.items() if key not in ("serve", "compare_suite")}
     return {
         "id": job.pk,
         "method": job.method,
         "base_model": job.base_model,
-        "config": config,
-        "export_url": f"/api/v1/exports/{job.export_id}/download",
+        "config": jobs.job_training_config(job),
+        "export_url": f"/api/v1/training-jobs/{job.pk}/data/train",
         "lease_seconds": job.lease_seconds,
-        **(
-            {"validation_url": f"/api/v1/exports/{job.validation_export_id}/download"}
-            if job.validation_export_id
-            else {}
-        ),
+        **({"validation_url": f"/api/v1/training-jobs/{job.pk}/data/validation"} if job.validation_export_id else {}),
     }
+
+
+@router.get(
+    "/training-jobs/{int:job_id}/data/{split}",
+    auth=TRAIN,
+    response={200: None, **ERRORS},
+    openapi_extra={
+        "responses": {
+            200: {"description": "The export", "content": {"application/x-ndjson": {"schema": {"type": "string"}}}}
+        }
+    },
+)
+def job_data_api(request: HttpRequest, job_id: int, split: Literal["train", "validation"]) -> Any:
+    """The export a held job trains on (`train`) or validates on (`validation`); 409 if the key does not hold
+    the job."""
+    job = jobs.job_held(job=_job(request, job_id), api_key=request_api_key(request))
+    export = job.export if split == "train" else job.validation_export
+    if export is None:
+        raise jobs.JobNotFound(f"training job {job_id} has no validation export")
+    path = services.export_file(export=export)
+    audit.record(
+        workspace=export.workspace_id,
+        action=AuditAction.EXPORT_DOWNLOADED,
+        api_key=request_api_key(request),
+        target=export,
+        details={"training_job_id": job_id, "split": split},
+    )
+    response = FileResponse(
+        path.open("rb"), content_type="application/x-ndjson", as_attachment=True, filename=path.name
+    )
+    response["ETag"] = f'"{export.sha256}"'
+    return response
 
 
 @router.get("/training-jobs/{int:job_id}", auth=READ, response={200: JobOut, **ERRORS})
@@ -395,13 +431,13 @@ def job_cancel_api(request: HttpRequest, job_id: int) -> Any:
     return _job_out(jobs.job_cancel(job=_job(request, job_id)))
 
 
-@router.post("/training-jobs/{int:job_id}/heartbeat", auth=WRITE, response={204: None, **ERRORS})
+@router.post("/training-jobs/{int:job_id}/heartbeat", auth=TRAIN, response={204: None, **ERRORS})
 def job_heartbeat_api(request: HttpRequest, job_id: int) -> Any:
     jobs.job_heartbeat(job=_job(request, job_id), api_key=request_api_key(request))
     return Status(204, None)
 
 
-@router.post("/training-jobs/{int:job_id}/metrics", auth=WRITE, response={204: None, **ERRORS})
+@router.post("/training-jobs/{int:job_id}/metrics", auth=TRAIN, response={204: None, **ERRORS})
 def job_metrics_api(request: HttpRequest, job_id: int, payload: MetricsIn) -> Any:
     jobs.job_metrics_record(
         job=_job(request, job_id), api_key=request_api_key(request), step=payload.step, values=payload.metrics
@@ -411,7 +447,7 @@ def job_metrics_api(request: HttpRequest, job_id: int, payload: MetricsIn) -> An
 
 @router.post(
     "/training-jobs/{int:job_id}/adapter",
-    auth=WRITE,
+    auth=TRAIN,
     response={204: None, **ERRORS},
     openapi_extra={
         "requestBody": {
@@ -445,7 +481,7 @@ def job_adapter_api(request: HttpRequest, job_id: int) -> Any:
     response={200: None, **ERRORS},
     openapi_extra={
         "responses": {
-            "200": {"description": "The adapter", "content": {"application/gzip": {"schema": {"type": "string"}}}}
+            200: {"description": "The adapter", "content": {"application/gzip": {"schema": {"type": "string"}}}}
         }
     },
 )
@@ -456,7 +492,7 @@ def job_adapter_download_api(request: HttpRequest, job_id: int) -> Any:
     return FileResponse(open(job.adapter_path, "rb"), content_type="application/gzip", as_attachment=True)
 
 
-@router.post("/training-jobs/{int:job_id}/finish", auth=WRITE, response={200: JobOut, **ERRORS})
+@router.post("/training-jobs/{int:job_id}/finish", auth=TRAIN, response={200: JobOut, **ERRORS})
 def job_finish_api(request: HttpRequest, job_id: int, payload: FinishIn) -> Any:
     job = jobs.job_finish(
         job=_job(request, job_id), api_key=request_api_key(request), status=payload.status, error=payload.error

@@ -14,7 +14,8 @@ Its `reward` says where each trajectory's reward comes from:
 - {"source": "score", "name", "score_source"?: "human" | "evaluator" | "api"}: the mean of those scores;
 - {"source": "run_score", "evaluator"}: the eval run's score of the sample the trajectory answered;
 - {"source": "trajectory"}: the reward the trajectory itself reported (`keel.reward`);
-- {"source": "group_judge", "evaluator"}: a group judge (RULER) ranks each group's trajectories at export;
+- {"source": "group_judge", "evaluator"}: a group judge (RULER) scores each group's trajectories together, once per
+  group: the rewards are kept (GroupJudgement), so later previews and the export read the same ones;
 - {"source": "mix", "parts": [{...one of the above..., "weight"}]}: a weighted mean (group judges excluded).
 A trajectory without a reward is left out (and counted). A human correction (a `correction` score) of a
 trajectory becomes its preferred completion.

@@ -42,6 +42,7 @@ from tracing import services as tracing_services
 from tracing.models import BatchStatus, IngestBatch
 from trainer_bridge import jobs, services
 from trainer_bridge.models import Curation, Export, ExportFormat, JobStatus, TrainingJob
+from trainer_bridge.training_config import TrainingConfig
 
 SUITE = "ride-support-output-quality"
 ROLLOUT_SUITE = "ride-support-single-call-rollouts"
@@ -199,7 +200,7 @@ def _trained_job(workspace: Workspace, export: Export, owner: User) -> TrainingJ
         created_by=owner,
     )
     key, _ = registry_services.apikey_create(
-        workspace=workspace, name=WORKER_KEY_NAME, scopes=["write"], created_by=owner
+        workspace=workspace, name=WORKER_KEY_NAME, scopes=["train"], created_by=owner
     )
     claimed = jobs.job_claim(api_key=key, worker="demo-cpu-worker")
     if claimed is None or claimed.pk != job.pk:
@@ -210,7 +211,7 @@ def _trained_job(workspace: Workspace, export: Export, owner: User) -> TrainingJ
         step = int(metrics.pop("step"))
         jobs.job_metrics_record(job=claimed, api_key=key, step=step, values=metrics)
 
-    config = training.TrainingConfig.from_dict({**TRAINING_CONFIG, "method": "grpo"})
+    config = TrainingConfig.from_dict({**TRAINING_CONFIG, "method": "grpo"})
     with tempfile.TemporaryDirectory(prefix=f"keel-demo-job-{job.pk}-") as work:
         result = training.train(
             config,

@@ -7,10 +7,11 @@ for `lease_seconds` goes back to the queue and the next claim takes it (attempts
 known by the API key it calls with (give each worker its own key): any call about a job from a key that
 does not hold it, or after the lease lapsed, is a 409, so a worker that lost its job stops.
 
-The reward-hacking watch: a job is flagged when, between two validation scores, the training reward
-went up while the validation score went down by more than `HACKING_MARGIN`. The training reward is the
-worker's `policy_reward` (the recorded rewards weighted by how much the policy now prefers each
-completion; the recorded rewards themselves cannot move), else `reward_mean`.
+The reward-hacking watch: a job is flagged when its latest validation score is more than `HACKING_MARGIN`
+below the best one so far while the training reward is higher than it was at that best validation. The
+training reward at a validation is the worker's `train_policy_reward` there (the policy-weighted reward on a
+fixed sample of training groups), else that step's `policy_reward` (the recorded rewards weighted by how much
+the policy now prefers each completion; the recorded rewards themselves cannot move), else `reward_mean`.
 """
 
 from __future__ import annotations
@@ -28,13 +29,17 @@ from django.db.models import Q
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from agent_registry.models import ApiKey, User
+from agent_registry import audit
+from agent_registry.models import ApiKey, AuditAction, User
 from config.errors import Conflict, NotFound, ValidationFailed
 from trainer_bridge.models import Export, JobStatus, TrainingJob, TrainingMethod, TrainingMetric
+from trainer_bridge.training_config import TrainingConfig, TrainingConfigError
 
 logger = logging.getLogger("trainer_bridge.jobs")
 
 HACKING_MARGIN = 0.02
+# Keys of a job's stored config that are Keel's, not the trainer's.
+KEEL_CONFIG_KEYS = ("serve", "compare_suite")
 MAX_ATTEMPTS = 3
 MAX_ADAPTER_BYTES = 2 * 1024**3
 # Export formats each method trains on.
@@ -56,17 +61,16 @@ class JobNotHeld(Conflict):
 
 
 def _config_problems(method: str, config: Mapping[str, Any]) -> list[dict[str, str]]:
-    from trainer_bridge import training  # torch: loaded only where jobs are made
-
     try:
-        training.TrainingConfig.from_dict({**config, "method": method})
-    except training.TrainingConfigError as error:
+        TrainingConfig.from_dict({**config, "method": method})
+    except TrainingConfigError as error:
         return [{"field": f"config.{error.field}", "message": str(error).split(": ", 1)[-1]}]
     except (TypeError, ValueError) as error:
         return [{"field": "config", "message": str(error)}]
     return []
 
 
+@transaction.atomic
 def job_create(
     *,
     export: Export,
@@ -111,7 +115,7 @@ def job_create(
         problems.append({"field": "serve.model", "message": "the litellm model string that will serve the adapter"})
     if problems:
         raise JobInvalid(f"invalid training job: {problems[0]['field']}: {problems[0]['message']}", errors=problems)
-    return TrainingJob.objects.create(
+    job = TrainingJob.objects.create(
         workspace_id=export.workspace_id,
         export=export,
         name=name,
@@ -127,6 +131,15 @@ def job_create(
         created_by=created_by,
         created_via_key=created_via_key,
     )
+    audit.record(
+        workspace=job.workspace_id,
+        action=AuditAction.TRAINING_JOB_CREATED,
+        user=created_by,
+        api_key=created_via_key,
+        target=job,
+        details={"export_id": export.pk, "method": method, "base_model": job.base_model},
+    )
+    return job
 
 
 def job_claim(*, api_key: ApiKey, worker: str) -> TrainingJob | None:
@@ -163,7 +176,13 @@ def job_claim(*, api_key: ApiKey, worker: str) -> TrainingJob | None:
     return job
 
 
-def _held(job: TrainingJob, api_key: ApiKey) -> TrainingJob:
+def job_training_config(job: TrainingJob) -> dict[str, Any]:
+    """What the worker trains with: the job's config without Keel's own keys (how to serve it, what to compare)."""
+    return {key: value for key, value in job.config.items() if key not in KEEL_CONFIG_KEYS}
+
+
+def job_held(*, job: TrainingJob, api_key: ApiKey) -> TrainingJob:
+    """The job, fresh from the database, if this key's worker holds it (running, lease not lapsed); else 409."""
     job.refresh_from_db()
     lapsed = job.heartbeat_at is None or job.heartbeat_at < timezone.now() - timedelta(seconds=job.lease_seconds)
     if job.status != JobStatus.RUNNING or job.claimed_via_key_id != api_key.pk or lapsed:
@@ -172,46 +191,45 @@ def _held(job: TrainingJob, api_key: ApiKey) -> TrainingJob:
 
 
 def job_heartbeat(*, job: TrainingJob, api_key: ApiKey) -> TrainingJob:
-    job = _held(job, api_key)
+    job = job_held(job=job, api_key=api_key)
     TrainingJob.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now())
     return job
 
 
 def _training_reward(values: Mapping[str, Any]) -> float | None:
-    reward = values.get("policy_reward")
-    return values.get("reward_mean") if reward is None else reward
+    for name in ("train_policy_reward", "policy_reward", "reward_mean"):
+        if values.get(name) is not None:
+            return float(values[name])
+    return None
 
 
 def _flag_check(job: TrainingJob) -> None:
-    """Flag the job when the reward rose while the validation score fell, between its last two validations."""
-    points = [
-        (metric.step, metric.values)
-        for metric in TrainingMetric.objects.filter(job=job).order_by("step")
-        if metric.values.get("validation_score") is not None
+    """Flag the job when the validation score fell from its best while the training reward rose past its value
+    at that best validation (or, where the worker reported none there, at the first step after it)."""
+    metrics = [(metric.step, metric.values) for metric in TrainingMetric.objects.filter(job=job).order_by("step")]
+    validations = [
+        (step, values["validation_score"]) for step, values in metrics if values.get("validation_score") is not None
     ]
-    if len(points) < 2:
+    if len(validations) < 2:
         return
-    (earlier_step, earlier), (later_step, later) = points[-2], points[-1]
-    rewards = {
-        metric.step: reward
-        for metric in TrainingMetric.objects.filter(job=job, step__gte=earlier_step, step__lte=later_step)
-        if (reward := _training_reward(metric.values)) is not None
-    }
-    if len(rewards) < 2:
+    best_step, best_score = max(validations[:-1], key=lambda point: point[1])
+    step, score = validations[-1]
+    rewards = [(at, reward) for at, values in metrics if (reward := _training_reward(values)) is not None]
+    reward_then = next((reward for at, reward in rewards if best_step <= at < step), None)
+    reward_now = dict(rewards).get(step)
+    if reward_then is None or reward_now is None:
         return
-    first, last = rewards[min(rewards)], rewards[max(rewards)]
-    fell = earlier["validation_score"] - later["validation_score"]
-    if last > first and fell > HACKING_MARGIN:
+    if reward_now > reward_then and best_score - score > HACKING_MARGIN:
         reason = (
-            f"between steps {earlier_step} and {later_step} the training reward rose from {first:.3f} to {last:.3f} "
-            f"while the validation score fell from {earlier['validation_score']:.3f} to "
-            f"{later['validation_score']:.3f}: the policy may be exploiting the reward"
+            f"between steps {best_step} and {step} the training reward rose from {reward_then:.3f} to "
+            f"{reward_now:.3f} while the validation score fell from {best_score:.3f} to {score:.3f}: the policy "
+            "may be exploiting the reward"
         )
         TrainingJob.objects.filter(pk=job.pk, flagged=False).update(flagged=True, flag_reason=reason)
 
 
 def job_metrics_record(*, job: TrainingJob, api_key: ApiKey, step: int, values: Mapping[str, Any]) -> TrainingMetric:
-    job = _held(job, api_key)
+    job = job_held(job=job, api_key=api_key)
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise JobInvalid("step must be a whole number, 0 or more", errors=[{"field": "step", "message": "not a step"}])
     clean = {
@@ -259,7 +277,7 @@ def job_adapter_store(
     *, job: TrainingJob, api_key: ApiKey, content: bytes | BinaryIO | None = None, location: str = ""
 ) -> TrainingJob:
     """Keep the adapter (bytes or a readable stream of a tar.gz) or the location where the worker stored it."""
-    job = _held(job, api_key)
+    job = job_held(job=job, api_key=api_key)
     if content is not None:
         stream = io.BytesIO(content) if isinstance(content, bytes) else content
         path = _adapter_write(job, stream)
@@ -321,7 +339,7 @@ def _register(job: TrainingJob) -> None:
 
 @transaction.atomic
 def job_finish(*, job: TrainingJob, api_key: ApiKey, status: str, error: str = "") -> TrainingJob:
-    job = _held(job, api_key)
+    job = job_held(job=job, api_key=api_key)
     if status not in (JobStatus.SUCCEEDED, JobStatus.FAILED):
         raise JobInvalid("status is succeeded or failed", errors=[{"field": "status", "message": "unknown"}])
     if status == JobStatus.SUCCEEDED and not (job.adapter_path or job.adapter_location):

@@ -65,6 +65,25 @@ class JobStatus(models.TextChoices):
 ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
 
 
+class GroupJudgement(models.Model):
+    """What a group judge (RULER) gave one group of trajectories, so that a curation's previews and its exports
+    ask the judge once per group rather than on every preview and again at export. `group_key` is a hash of the
+    task and each trajectory's id and judged output: a trajectory that changes is judged again."""
+
+    evaluator = models.ForeignKey("evals.Evaluator", on_delete=models.CASCADE, related_name="+")  # one version
+    group_key = models.CharField(max_length=64)
+    rewards = models.JSONField()  # {trace_id: score}
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints: ClassVar = [
+            models.UniqueConstraint(fields=["evaluator", "group_key"], name="groupjudgement_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.evaluator_id}: {self.group_key[:12]}"
+
+
 class Export(models.Model):
     """One file of a curation in one format, written by a Celery task, with its manifest."""
 
@@ -113,7 +132,7 @@ class TrainingJob(models.Model):
     name = models.CharField(max_length=200, blank=True)
     method = models.CharField(max_length=8, choices=TrainingMethod.choices)
     base_model = models.CharField(max_length=500)  # a path or hub id the GPU machine can load
-    config = models.JSONField(default=dict)  # trainer_bridge.training.TrainingConfig fields
+    config = models.JSONField(default=dict)  # trainer_bridge.training_config.TrainingConfig fields
     # Held-out rows in the training export's format (e.g. an export of another curation, or of the
     # same curation's validation split); the worker scores the policy on them as it trains.
     validation_export = models.ForeignKey(

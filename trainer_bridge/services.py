@@ -9,6 +9,7 @@ hands a stale one out again) starts the file over. Cancelling stops the writer a
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Iterator, Mapping
@@ -17,18 +18,21 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import orjson
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from agent_registry.models import ApiKey, User, Workspace
+from agent_registry import audit
+from agent_registry.models import ApiKey, AuditAction, User, Workspace
+from config.dispatch import task_send_on_commit
 from config.errors import Conflict, NotFound, ValidationFailed
 from trainer_bridge import curation as curation_query
 from trainer_bridge import formats, groups
 from trainer_bridge.formats import manifest as manifests
-from trainer_bridge.models import ACTIVE, Curation, Export, ExportFormat, JobStatus
+from trainer_bridge.models import ACTIVE, Curation, Export, ExportFormat, GroupJudgement, JobStatus
 
 logger = logging.getLogger("trainer_bridge.services")
 
@@ -187,11 +191,22 @@ def _rollout(item: curation_query.Curated, grouping: str) -> groups.Rollout | No
     )
 
 
-def _judged(group: groups.Group, judge: Any) -> groups.Group:
-    """The group with each rollout's reward from one group judge call (RULER); unchanged when the judge errs."""
+def _judge_key(group: groups.Group, outputs: list[Any]) -> str:
+    judged = [
+        group.task_text,
+        *(
+            [rollout.trace_id, output.text, output.tool_calls]
+            for rollout, output in zip(group.rollouts, outputs, strict=True)
+        ),
+    ]
+    return hashlib.sha256(orjson.dumps(judged, default=repr)).hexdigest()
+
+
+def _judged(group: groups.Group, judge: _GroupJudge) -> groups.Group:
+    """The group with each rollout's reward from the group judge (RULER): one call per group, kept, so the
+    next preview or the export reads the same rewards; unchanged when the judge errs (nothing kept then)."""
     from evals import verifiers
 
-    item = verifiers.EvalItem(input=group.task_text)
     outputs = [
         verifiers.EvalOutput(
             text=groups.final_answer(rollout.messages),
@@ -202,10 +217,29 @@ def _judged(group: groups.Group, judge: Any) -> groups.Group:
         )
         for rollout in group.rollouts
     ]
-    scores = judge.scores(item, outputs)
+    key = _judge_key(group, outputs)
+    kept = GroupJudgement.objects.filter(evaluator_id=judge.evaluator_id, group_key=key).first()
+    if kept is not None:
+        rewards = [kept.rewards.get(rollout.trace_id) for rollout in group.rollouts]
+    else:
+        scores = judge.built.scores(verifiers.EvalItem(input=group.task_text), outputs)
+        rewards = [score.score for score in scores]
+        if all(reward is not None for reward in rewards):
+            GroupJudgement.objects.bulk_create(
+                [
+                    GroupJudgement(
+                        evaluator_id=judge.evaluator_id,
+                        group_key=key,
+                        rewards={
+                            rollout.trace_id: reward for rollout, reward in zip(group.rollouts, rewards, strict=True)
+                        },
+                    )
+                ],
+                ignore_conflicts=True,  # another preview judged it at the same moment
+            )
     rollouts = tuple(
-        groups.Rollout(**{**_fields(rollout), "reward": score.score if score.score is not None else None})
-        for rollout, score in zip(group.rollouts, scores, strict=True)
+        groups.Rollout(**{**_fields(rollout), "reward": reward})
+        for rollout, reward in zip(group.rollouts, rewards, strict=True)
     )
     return groups.Group(task_id=group.task_id, task_text=group.task_text, rollouts=rollouts, split=group.split)
 
@@ -214,7 +248,13 @@ def _fields(rollout: groups.Rollout) -> dict[str, Any]:
     return {name: getattr(rollout, name) for name in rollout.__dataclass_fields__}
 
 
-def _group_judge(workspace: Workspace, reward: Mapping[str, Any]) -> Any:
+@dataclass(frozen=True)
+class _GroupJudge:
+    evaluator_id: int
+    built: Any  # evals.evaluators.Built with a group judge
+
+
+def _group_judge(workspace: Workspace, reward: Mapping[str, Any]) -> _GroupJudge | None:
     if reward.get("source") != "group_judge":
         return None
     from evals import evaluators
@@ -231,7 +271,7 @@ def _group_judge(workspace: Workspace, reward: Mapping[str, Any]) -> Any:
         raise CurationInvalid(
             f"{found.name} is not a group judge", errors=[{"field": "reward.evaluator", "message": "not a group judge"}]
         )
-    return built
+    return _GroupJudge(evaluator_id=found.pk, built=built)
 
 
 @dataclass
@@ -287,6 +327,7 @@ def export_dir() -> Path:
     return folder
 
 
+@transaction.atomic
 def export_create(
     *,
     curation: Curation,
@@ -325,11 +366,19 @@ def export_create(
         created_by=created_by,
         created_via_key=created_via_key,
     )
+    audit.record(
+        workspace=export.workspace_id,
+        action=AuditAction.EXPORT_CREATED,
+        user=created_by,
+        api_key=created_via_key,
+        target=export,
+        details={"curation": curation.name, "format": format, "groups": export.groups_total},
+    )
     if dispatch:
         from trainer_bridge import tasks
 
-        export_id = export.pk
-        transaction.on_commit(lambda: tasks.export_execute.delay(export_id))
+        # A broker that cannot be reached costs a delay: `exports_sweep` sends a queued export nobody took.
+        task_send_on_commit(tasks.export_execute, export.pk)
     return export
 
 

@@ -35,7 +35,9 @@ Metrics, one dict per step (all floats): `loss`, `kl`, `learning_rate`, and by m
 `validation_score` (higher is better) is reported before the first step, every `validation_every` steps and after
 the last. Without a `validation` callable it is computed on the held-out split, when there is one:
 - grpo: `policy_reward` on the held-out groups (with `validation_pairwise_accuracy`: of the pairs of completions
-  with different rewards in a group, the share where the policy prefers the higher-rewarded one);
+  with different rewards in a group, the share where the policy prefers the higher-rewarded one), and beside it
+  `train_policy_reward`, the same measure on a fixed sample of up to `TRAIN_SCORE_GROUPS` training groups: the
+  training reward to set against the validation score (a step's `policy_reward` is of that step's batch only);
 - sft: the mean per-token likelihood of the held-out assistant tokens, `exp(−NLL)`;
 - dpo: the mean `sigmoid(β × margin)` on the held-out pairs (0.5 before training).
 """
@@ -49,7 +51,7 @@ import random
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -57,22 +59,17 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from trainer_bridge.training_config import TrainingConfig
+
 logger = logging.getLogger(__name__)
 
-METHODS = ("grpo", "sft", "dpo")
+# grpo: how many training groups (a fixed, seeded sample) `train_policy_reward` is measured on at each validation.
+TRAIN_SCORE_GROUPS = 32
 VALIDATION_SPLITS = frozenset({"validation", "val", "valid", "eval", "test"})
 
 Message = dict[str, Any]
 Metrics = dict[str, float]
 T = TypeVar("T")
-
-
-class TrainingConfigError(ValueError):
-    """A training config field is missing, of the wrong type or out of range; `field` names it."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        self.field = field_name
-        super().__init__(f"{field_name}: {message}")
 
 
 class ExportError(ValueError):
@@ -105,88 +102,6 @@ def advantage_stats(advantages: Sequence[float]) -> Metrics:
         "advantage_min": min(advantages),
         "advantage_max": max(advantages),
     }
-
-
-# --- config -----------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TrainingConfig:
-    """What a training job asks for. Built from the job's JSON with `from_dict`, which rejects unknown keys."""
-
-    method: str
-    steps: int = 100
-    learning_rate: float = 1e-5
-    batch_size: int = 4  # groups (grpo), examples (sft) or pairs (dpo) per step
-    micro_batch_size: int = 8  # sequences per forward pass; gradients accumulate over a step's micro-batches
-    lora_r: int = 8
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_target_modules: str | tuple[str, ...] = "all-linear"
-    kl_coef: float = 0.0  # grpo: weight of KL(policy ‖ base) in the loss; ART's default beta is 0 too
-    dpo_beta: float = 0.1
-    max_grad_norm: float = 1.0
-    max_length: int = 2048  # tokens per sequence; longer ones are cut at the end
-    seed: int = 0
-    validation_every: int = 10  # 0: validate only before the first and after the last step
-
-    def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise TrainingConfigError("method", f"must be one of {', '.join(METHODS)}, not {self.method!r}")
-        for name, minimum in (
-            ("steps", 1),
-            ("batch_size", 1),
-            ("micro_batch_size", 1),
-            ("lora_r", 1),
-            ("lora_alpha", 1),
-            ("max_length", 8),
-            ("validation_every", 0),
-            ("seed", None),
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TrainingConfigError(name, f"must be an integer, not {value!r}")
-            if minimum is not None and value < minimum:
-                raise TrainingConfigError(name, f"must be at least {minimum}, not {value}")
-        for name, positive in (
-            ("learning_rate", True),
-            ("dpo_beta", True),
-            ("max_grad_norm", True),
-            ("kl_coef", False),
-            ("lora_dropout", False),
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise TrainingConfigError(name, f"must be a number, not {value!r}")
-            if value < 0 or (positive and value == 0):
-                raise TrainingConfigError(name, f"must be {'positive' if positive else 'at least 0'}, not {value}")
-        if self.lora_dropout >= 1:
-            raise TrainingConfigError("lora_dropout", f"must be below 1, not {self.lora_dropout}")
-        modules = self.lora_target_modules
-        if isinstance(modules, str):
-            if not modules:
-                raise TrainingConfigError("lora_target_modules", "must not be empty")
-        elif not modules or not all(isinstance(m, str) and m for m in modules):
-            raise TrainingConfigError("lora_target_modules", "must be 'all-linear' or a list of module names")
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, object]) -> TrainingConfig:
-        known = {f.name for f in fields(cls)}
-        for key in data:
-            if key not in known:
-                raise TrainingConfigError(str(key), "is not a training config field")
-        if "method" not in data:
-            raise TrainingConfigError("method", "is required")
-        values = dict(data)
-        modules = values.get("lora_target_modules")
-        if isinstance(modules, list):
-            values["lora_target_modules"] = tuple(modules)
-        integral_floats = ("learning_rate", "lora_dropout", "kl_coef", "dpo_beta", "max_grad_norm")
-        for name in integral_floats:
-            # JSON writes 16.0 as 16; an integer is a fine float.
-            if type(values.get(name)) is int:
-                values[name] = float(values[name])  # type: ignore[arg-type]
-        return cls(**values)  # type: ignore[arg-type]
 
 
 # --- reading exports --------------------------------------------------------------------------------------------
@@ -559,6 +474,8 @@ class _GroupRelative:
             raise ExportError(f"no training group has rewards that differ ({skipped} groups skipped)")
         self.skipped = skipped
         self.sampler = _Sampler(train, run.config.seed)
+        sample = random.Random(run.config.seed).sample(range(len(train)), min(len(train), TRAIN_SCORE_GROUPS))  # noqa: S311
+        self.train_sample = [train[index] for index in sorted(sample)]
 
     def step(self) -> Metrics:
         run, config = self.run, self.run.config
@@ -603,11 +520,10 @@ class _GroupRelative:
             "zero_advantage_groups_skipped": float(self.skipped),
         }
 
-    def validate(self) -> Metrics | None:
-        if not self.validation:
-            return None
+    def _policy_scores(self, groups: Sequence[_TokenizedGroup]) -> tuple[float, float] | None:
+        """Mean `policy_reward` and pairwise accuracy over the groups (those with rewards that differ)."""
         scores, accuracies = [], []
-        for group in self.validation:
+        for group in groups:
             kept = [(item, r) for item, r in zip(group.items, group.rewards, strict=True) if any(item.loss_mask)]
             if len({r for _, r in kept}) < 2:
                 continue
@@ -617,9 +533,19 @@ class _GroupRelative:
             accuracies.append(accuracy)
         if not scores:
             return None
+        return sum(scores) / len(scores), sum(accuracies) / len(accuracies)
+
+    def validate(self) -> Metrics | None:
+        held_out = self._policy_scores(self.validation) if self.validation else None
+        if held_out is None:
+            return None
+        # The same measure on a fixed sample of the training groups, so that the two series compare: a step's
+        # `policy_reward` is of that step's batch alone, and moves with the batch as much as with the policy.
+        trained = self._policy_scores(self.train_sample)
         return {
-            "validation_score": sum(scores) / len(scores),
-            "validation_pairwise_accuracy": sum(accuracies) / len(accuracies),
+            "validation_score": held_out[0],
+            "validation_pairwise_accuracy": held_out[1],
+            **({"train_policy_reward": trained[0]} if trained is not None else {}),
         }
 
 

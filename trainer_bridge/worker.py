@@ -6,15 +6,16 @@
 It needs torch, transformers and peft (the `trainer` extra) and network access to Keel's API; no Django. The key
 may also come from the KEEL_API_KEY environment variable, which keeps it out of the process list.
 
-The protocol. Every request carries `Authorization: Bearer <key>`; paths are under `{api}/api/v1/training-jobs/`.
+The protocol. Every request carries `Authorization: Bearer <key>`, a key with the `train` scope (it can claim jobs
+and read the data of the job it holds, nothing else); paths are under `{api}/api/v1/training-jobs/`.
 - `POST claim` `{"worker": name}` → 200 with the job `{"id", "method", "base_model", "config", "export_url",
   "lease_seconds", "validation_url"?}`, or 204 when no job waits. `base_model` is a local path or a hub id the
-  machine has cached; `config` holds TrainingConfig fields (trainer_bridge/training.py); `method` overrides any
+  machine has cached; `config` holds TrainingConfig fields (trainer_bridge/training_config.py); `method` overrides any
   `config["method"]`. `export_url` (and `validation_url`) is absolute or relative to `{api}`; the key is sent only
   to Keel's own origin, never to another host (a pre-signed storage URL, say).
 - `POST {id}/heartbeat` (no body): once right after the claim, then every `lease_seconds / 3` from a background
   thread, until the job is finished or given up. The server reclaims a job whose heartbeats stop for a lease.
-- `GET export_url`: the export, streamed to the work directory.
+- `GET export_url` (`{id}/data/train`, and `{id}/data/validation`): the export, streamed to the work directory.
 - `POST {id}/metrics` `{"step": n, "metrics": {name: number | null}}` after each training step; step 0 carries the
   validation score before training. Non-finite numbers are sent as null.
 - `POST {id}/adapter`: the adapter directory (adapter_config.json, adapter_model.safetensors, tokenizer files)
@@ -47,7 +48,8 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
-from trainer_bridge.training import TrainingConfig, train
+from trainer_bridge.training import train
+from trainer_bridge.training_config import TrainingConfig
 
 logger = logging.getLogger("trainer_bridge.worker")
 

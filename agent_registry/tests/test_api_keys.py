@@ -131,7 +131,7 @@ def test_an_unknown_scope_is_422(workspace, registry, api_client_for, registry_s
 
     assert response.status_code == 422
     assert response.json()["errors"] == [
-        {"field": "scopes.1", "message": "Input should be 'ingest', 'gateway', 'read' or 'write'"}
+        {"field": "scopes.1", "message": "Input should be 'ingest', 'gateway', 'read', 'write' or 'train'"}
     ]
     assert registry_state() == before
 

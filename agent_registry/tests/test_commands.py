@@ -97,11 +97,11 @@ def test_an_agent_slug_in_several_workspaces_needs_the_workspace(workspace, othe
         ((), "pass --agent <slug>, or --workspace <slug> for a key that serves every agent"),
         (
             ("--agent", "support", "--scopes", "read", "admin"),
-            "scopes must be a non-empty subset of ingest, gateway, read, write (scopes: unknown: admin)",
+            "scopes must be a non-empty subset of ingest, gateway, read, write, train (scopes: unknown: admin)",
         ),
         (
             ("--agent", "support", "--scopes", ","),
-            "scopes must be a non-empty subset of ingest, gateway, read, write (scopes: empty)",
+            "scopes must be a non-empty subset of ingest, gateway, read, write, train (scopes: empty)",
         ),
         (("--agent", "support", "--name", "  "), "a key needs a name (name: required)"),
     ],

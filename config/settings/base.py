@@ -10,6 +10,7 @@ import django_stubs_ext
 
 from config.settings.components.celery import *
 from config.settings.components.database import *
+from config.settings.components.security import *
 from config.settings.components.tracing import *
 from config.settings.env import env_bool, env_int, env_list, env_str
 
@@ -63,15 +64,50 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "config.middleware.SecurityHeadersMiddleware",
+    # Before anything reads the URL or the body (and inside the security headers, which their refusals
+    # carry too): a NUL in the URL is a 400, not a database error, and a chunked body without a
+    # Content-Length a 411, not a body read as empty.
+    "config.request_guard.UrlNulRefusalMiddleware",
+    "config.request_guard.ChunkedBodyRefusalMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "agent_registry.middleware.AuditContextMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
 ]
+
+# Response headers, in every environment so that the tests and the browser tests run under them
+# (production.py adds HSTS, HTTPS redirects and secure cookies). Scripts and stylesheets come only from
+# Keel's own static files: no inline script, no eval, no plugins, no framing; inline style attributes
+# are allowed (the templates size bars with them), inline <style> elements are not.
+KEEL_CONTENT_SECURITY_POLICY = "; ".join(
+    [
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "style-src-attr 'unsafe-inline'",
+        "img-src 'self' data:",
+        "font-src 'self'",
+        "connect-src 'self'",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    ]
+)
+KEEL_PERMISSIONS_POLICY = "camera=(), microphone=(), geolocation=(), payment=(), usb=()"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"

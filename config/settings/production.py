@@ -1,4 +1,4 @@
-"""Production: refuses to start without a secret key and a real database server."""
+"""Production: refuses to start without a secret key and a real database server; HTTPS only."""
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -17,13 +17,18 @@ if DATABASE_EMBEDDED:
         "DATABASE_URL must point at a PostgreSQL server with pgvector; the embedded database is for development."
     )
 
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Behind a proxy that terminates TLS, the header it sets to "https" (and overwrites when a client sends
+# it) tells Django the request was secure; empty when Keel terminates TLS itself, since a client could
+# then claim HTTPS by sending the header.
+_proxy_ssl_header = env_str("DJANGO_SECURE_PROXY_SSL_HEADER", "X-Forwarded-Proto").strip()
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https") if _proxy_ssl_header else None
+)
 SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", True)
 SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 60 * 60 * 24 * 365)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = True
 SECURE_HSTS_PRELOAD = True
-SECURE_CONTENT_TYPE_NOSNIFF = True
 SESSION_COOKIE_SECURE = True
 CSRF_COOKIE_SECURE = True
-SESSION_COOKIE_HTTPONLY = True
-X_FRAME_OPTIONS = "DENY"
+# No script reads the CSRF cookie: forms carry the token, htmx sends the one the page was rendered with.
+CSRF_COOKIE_HTTPONLY = True

@@ -20,3 +20,5 @@ MIDDLEWARE = [entry for entry in MIDDLEWARE if entry != "whitenoise.middleware.W
 DATABASES["default"]["CONN_MAX_AGE"] = 0
 # Alert emails land in django.core.mail.outbox.
 EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+# Rate limits are off in tests; tests/security/test_rate_limits.py switches them on.
+KEEL_RATE_LIMIT_ENABLED = False

@@ -171,6 +171,10 @@ OWNER_POSTS = [
 ]
 
 
+# Pages only owners read (members and viewers get 403), by URL under the workspace.
+OWNER_PAGES = {"audit_event_list": "audit-log/"}
+
+
 # The route each case exercises, where its name is not the route's own.
 ROUTE_OF = {
     "requirements_diff": "requirements_history",
@@ -217,7 +221,7 @@ def test_the_cases_cover_every_route_of_the_dashboard(tenant):
 
     exercised = {ROUTE_OF.get(case, case) for case in [*PAGES, *POSTS]}
 
-    assert set(_route_names(urls.urlpatterns)) == exercised | {"login", "logout", "home"}
+    assert set(_route_names(urls.urlpatterns)) == exercised | set(OWNER_PAGES) | {"login", "logout", "home"}
     assert set(page_urls(tenant)) == set(PAGES)
     assert set(post_cases(tenant)) == set(POSTS)
 
@@ -357,6 +361,15 @@ def test_what_only_owners_do_succeeds_for_an_owner(tenant, owner_client, case):
 def test_only_owners_see_the_confirmation(tenant, member_client, owner_client, case):
     url, _ = post_cases(tenant)[case]
 
+    assert member_client.get(url).status_code == 403
+    assert owner_client.get(url).status_code == 200
+
+
+@pytest.mark.parametrize("page", sorted(OWNER_PAGES))
+def test_only_owners_read_the_owner_pages(tenant, member_client, viewer_client, owner_client, page):
+    url = f"/w/{tenant.workspace.slug}/{OWNER_PAGES[page]}"
+
+    assert viewer_client.get(url).status_code == 403
     assert member_client.get(url).status_code == 403
     assert owner_client.get(url).status_code == 200
 

@@ -71,7 +71,7 @@ def _finished(curation: Curation, format: str = "art") -> Export:
 
 
 def _worker_key(workspace: Workspace) -> ApiKey:
-    key, _ = registry_services.apikey_create(workspace=workspace, name="gpu", scopes=["read", "write"])
+    key, _ = registry_services.apikey_create(workspace=workspace, name="gpu", scopes=["train"])
     return key
 
 
@@ -452,7 +452,7 @@ def test_a_jobs_page_shows_its_charts_flag_adapter_model_target_and_comparison(g
     assert chart_data["series"]["policy_reward"] == [None, 0.4, 0.55, 0.7, 0.85]
     assert [chart["keys"] for chart in chart_data["charts"]] == [
         ["loss"],
-        ["reward_mean", "policy_reward"],
+        ["reward_mean", "policy_reward", "train_policy_reward"],
         ["validation_score"],
         ["kl"],
     ]

@@ -127,8 +127,8 @@ def test_check_invalid_json_for_a_schema_is_a_violation(client, agent):
         ({"agent": "ride-support", "layer": "moon", "content": "x"}, 422, "layer_unknown"),
         ({"agent": "ride-support", "layer": "input"}, 422, "validation_error"),
         ({"agent": "ride-support", "layer": "input", "content": "x" * 200_001}, 413, "content_too_large"),
-        ({"agent": "ride-support", "layer": "input", "content": "PK\x03\x04\x00\x00binary"}, 400, "content_not_text"),
-        ({"agent": "ride-support", "layer": "input", "content": "half \ud800 a pair"}, 400, "content_not_text"),
+        ({"agent": "ride-support", "layer": "input", "content": "PK\x03\x04\x00\x00binary"}, 400, "invalid_json"),
+        ({"agent": "ride-support", "layer": "input", "content": "half \ud800 a pair"}, 400, "invalid_json"),
     ],
 )
 def test_check_bad_input_is_a_4xx_and_records_nothing(client, agent, body, status, code):

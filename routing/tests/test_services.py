@@ -116,7 +116,9 @@ def test_fallbacks_name_targets_of_the_same_workspace(workspace, other_workspace
 
 
 def test_an_update_keeps_the_key_unless_given_and_never_touches_health(workspace):
-    target = services.model_target_create(workspace=workspace, alias="fast", model="m", api_key="sk-one")
+    target = services.model_target_create(
+        workspace=workspace, alias="fast", model="openai/gpt-4o-mini", api_key="sk-one"
+    )
     ModelTarget.objects.filter(pk=target.pk).update(consecutive_failures=2, last_error="timeout")
     stored_key = ModelTarget.objects.get(pk=target.pk).api_key_encrypted
 
@@ -521,3 +523,37 @@ def test_a_resolution_says_what_was_done(workspace):
         services.handoff_resolve(handoff=handoff, user=None, resolution="   ")
 
     assert Handoff.objects.get(pk=handoff.pk).status == HandoffStatus.OPEN
+
+
+def test_a_stored_key_is_not_sent_to_a_new_endpoint_unless_entered_again(workspace: Any) -> None:
+    target = services.model_target_create(
+        workspace=workspace, alias="main", model="openai/gpt-4o-mini", api_key="sk-kept"
+    )
+
+    elsewhere: list[dict[str, Any]] = [{"api_base": "https://attacker.example/v1"}, {"model": "anthropic/claude-3"}]
+    for fields in elsewhere:
+        with pytest.raises(exceptions.ModelTargetInvalid) as refused:
+            services.model_target_update(target=target, **fields)
+        assert refused.value.extra["errors"][0]["field"] == "api_key"
+        target.refresh_from_db()
+        assert (target.api_base, target.model) == ("", "openai/gpt-4o-mini")
+
+    services.model_target_update(target=target, model="openai/gpt-4o")  # same provider, same endpoint
+    proxied = services.model_target_update(target=target, api_base="https://proxy.example/v1", api_key="sk-new")
+    assert crypto.decrypt(proxied.api_key_encrypted) == "sk-new"
+
+
+def test_a_tools_secret_is_not_sent_to_a_new_endpoint_unless_entered_again(workspace: Any) -> None:
+    agent = AgentFactory.create(workspace=workspace)
+    tool = services.agent_tool_create(
+        agent=agent, name="refund", endpoint_url="https://tools.example/refund", endpoint_secret="s3cret"
+    )
+
+    with pytest.raises(exceptions.AgentToolInvalid) as refused:
+        services.agent_tool_update(tool=tool, endpoint_url="https://attacker.example/hook")
+    assert refused.value.extra["errors"][0]["field"] == "endpoint_secret"
+    tool.refresh_from_db()
+    assert tool.endpoint_url == "https://tools.example/refund"
+
+    moved = services.agent_tool_update(tool=tool, endpoint_url="https://tools.example/v2", endpoint_secret="s3cret")
+    assert moved.endpoint_url == "https://tools.example/v2"

@@ -104,7 +104,7 @@ def test_a_training_jobs_page_shows_its_charts_and_the_reward_hacking_flag(
     assert services.export_execute(export_id=export.pk) is not None
     export.refresh_from_db()
     job = jobs.job_create(export=export, method="grpo", base_model="tiny", config={"steps": 4}, name="grpo-1")
-    key, _ = registry_services.apikey_create(workspace=gateway.workspace, name="gpu", scopes=["read", "write"])
+    key, _ = registry_services.apikey_create(workspace=gateway.workspace, name="gpu", scopes=["train"])
     assert jobs.job_claim(api_key=key, worker="gpu-1") is not None
     for step, values in [
         (0, {"validation_score": 0.60}),

@@ -262,6 +262,22 @@ def test_the_queue_holds_at_most_what_the_workers_store_in_a_few_seconds(otel, i
     assert IngestBatch.objects.filter(status="pending").count() == 2
 
 
+def test_requests_between_two_reads_of_the_queue_count_what_the_process_let_in(otel, ingest_client, settings):
+    # The queue is read at most once a second; what the process accepted since counts as waiting.
+    settings.KEEL_INGEST_BACKLOG_FLOOR_SPANS = 6
+    refund_conversation(otel.tracer())
+    body = otel.protobuf()
+
+    first = ingest_client.post("/v1/traces", body, content_type=PROTOBUF)
+    second = ingest_client.post("/v1/traces", body, content_type=PROTOBUF)
+
+    assert first.status_code == 200
+    assert second.status_code == 429
+    assert second["Retry-After"] == "1"
+    assert "4 spans are waiting" in second.json()["detail"]
+    assert IngestBatch.objects.count() == 1
+
+
 def test_spans_without_a_resource_are_rejected_and_a_request_with_nothing_storable_is_400(otel, ingest_client):
     refund_conversation(otel.tracer())
     document = otlp_json_document(otel.request())

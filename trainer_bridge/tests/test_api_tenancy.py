@@ -34,6 +34,7 @@ NAMED = [
     ("POST", "/api/v1/training-jobs/{job_id}/adapter", {"location": "/elsewhere"}),
     ("GET", "/api/v1/training-jobs/{job_id}/adapter", None),
     ("POST", "/api/v1/training-jobs/{job_id}/finish", {"status": "failed"}),
+    ("GET", "/api/v1/training-jobs/{job_id}/data/{split}", None),
     ("POST", "/api/v1/training-jobs", {"export": "{export_id}", "method": "grpo", "base_model": "tiny"}),
 ]
 WORKSPACE_WIDE = [
@@ -68,10 +69,10 @@ def ours(gateway: Any, run: Any) -> dict[str, Any]:  # noqa: F811
 def test_another_workspaces_rows_are_404_and_unchanged(
     ours: dict[str, Any], api_client_for: Any, other_workspace: Any, method: str, path: str, body: Any
 ) -> None:
-    intruder = api_client_for(other_workspace, scopes=("read", "write"))
+    intruder = api_client_for(other_workspace, scopes=("read", "write", "train"))
     before = state()
     url = path.replace("{name}", ours["name"]).replace("{export_id}", str(ours["export_id"]))
-    url = url.replace("{job_id}", str(ours["job_id"]))
+    url = url.replace("{job_id}", str(ours["job_id"])).replace("{split}", "train")
     data = json.dumps(body).replace('"{export_id}"', str(ours["export_id"])) if body is not None else ""
     with mock.patch("trainer_bridge.tasks.export_execute.delay"):
         response = intruder.generic(method, url, data=data, content_type="application/json")
@@ -82,7 +83,7 @@ def test_another_workspaces_rows_are_404_and_unchanged(
 def test_another_workspace_lists_none_of_ours_and_claims_nothing(
     ours: dict[str, Any], api_client_for: Any, other_workspace: Any
 ) -> None:
-    intruder = api_client_for(other_workspace, scopes=("read", "write"))
+    intruder = api_client_for(other_workspace, scopes=("read", "write", "train"))
     for path in ("/api/v1/curations", "/api/v1/exports", "/api/v1/training-jobs"):
         assert intruder.get(path).json() == [], path
     claim = intruder.post("/api/v1/training-jobs/claim", data="{}", content_type="application/json")
@@ -92,7 +93,7 @@ def test_another_workspace_lists_none_of_ours_and_claims_nothing(
 def test_a_key_limited_to_an_agent_cannot_use_the_trainer_bridge(ours: dict[str, Any], gateway: Any) -> None:  # noqa: F811
     agent = AgentFactory.create(workspace=gateway.workspace, slug="other-agent")
     _, raw = registry_services.apikey_create(
-        workspace=gateway.workspace, name="limited", scopes=["read", "write"], agents=[agent]
+        workspace=gateway.workspace, name="limited", scopes=["read", "write", "train"], agents=[agent]
     )
     limited = Client(headers={"Authorization": f"Bearer {raw}"})
     assert limited.get("/api/v1/curations").status_code == 403

@@ -23,8 +23,6 @@ from trainer_bridge.tiny import (
 from trainer_bridge.training import (
     Conversation,
     ExportError,
-    TrainingConfig,
-    TrainingConfigError,
     advantage_stats,
     art_groups_read,
     conversation_tokenize,
@@ -33,6 +31,7 @@ from trainer_bridge.training import (
     message_normalize,
     train,
 )
+from trainer_bridge.training_config import TrainingConfig, TrainingConfigError
 
 
 @pytest.fixture(scope="module")
@@ -237,6 +236,8 @@ def test_grpo_raises_the_policy_preference_for_high_reward_completions(model_dir
     assert _mean([m["loss"] for m in steps[-5:]]) < _mean([m["loss"] for m in steps[:5]]) - 0.3
     assert _mean([m["policy_reward"] for m in steps[-5:]]) > _mean([m["policy_reward"] for m in steps[:5]]) + 0.15
     assert validations[-1]["validation_score"] > validations[0]["validation_score"] + 0.15
+    # Measured on the same training groups at every validation, the training reward rises too.
+    assert validations[-1]["train_policy_reward"] > validations[0]["train_policy_reward"] + 0.15
     assert steps[0]["kl"] < steps[-1]["kl"]
     assert result.steps_done == 40
     assert result.stopped is False

@@ -17,7 +17,7 @@ from agent_registry import services as registry_services
 from evals.models import Run, RunStatus
 from routing.models import ModelTarget
 from trainer_bridge import jobs, services, worker
-from trainer_bridge.models import JobStatus, TrainingJob
+from trainer_bridge.models import Export, JobStatus, TrainingJob
 from trainer_bridge.tests.test_exports import _curation, fake, gateway, media, run  # noqa: F401 - fixtures
 from trainer_bridge.tiny import tiny_model_dir, toy_corpus
 
@@ -39,7 +39,8 @@ def test_from_curation_to_a_registered_model_target_through_the_worker(
     live_server: Any,
     tmp_path: Path,
 ) -> None:
-    client, raw = _client(gateway.workspace)
+    client, _ = _client(gateway.workspace)
+    _, worker_key = _client(gateway.workspace, ("train",))
     curation = _curation(gateway, run)
     preview = client.get(f"/api/v1/curations/{curation.name}/preview").json()
     assert preview["groups"] == 2
@@ -68,7 +69,9 @@ def test_from_curation_to_a_registered_model_target_through_the_worker(
 
     # The worker command, as a GPU machine runs it (the comparison run it leads to is queued, not executed).
     with mock.patch("evals.runs.run_dispatch"):
-        code = worker.main(["--api", live_server.url, "--key", raw, "--once", "--work-dir", str(tmp_path / "work")])
+        code = worker.main(
+            ["--api", live_server.url, "--key", worker_key, "--once", "--work-dir", str(tmp_path / "work")]
+        )
 
     assert code == 0
     job = TrainingJob.objects.get(pk=job_id)
@@ -93,7 +96,8 @@ def test_from_curation_to_a_registered_model_target_through_the_worker(
 
 def test_a_worker_that_does_not_hold_the_job_gets_409(gateway: Any, run: Any) -> None:  # noqa: F811
     client, _ = _client(gateway.workspace)
-    other, _ = _client(gateway.workspace)
+    gpu_1, _ = _client(gateway.workspace, ("train",))
+    gpu_2, _ = _client(gateway.workspace, ("train",))
     curation = _curation(gateway, run)
     with mock.patch("trainer_bridge.tasks.export_execute.delay"):
         export_id = _post(client, f"/api/v1/curations/{curation.name}/exports", {"format": "art"}).json()["id"]
@@ -107,23 +111,47 @@ def test_a_worker_that_does_not_hold_the_job_gets_409(gateway: Any, run: Any) ->
         {"export": export_id, "method": "grpo", "base_model": "tiny", "config": {}, "validation_export": held_out},
     ).json()["id"]
 
-    claimed = _post(client, "/api/v1/training-jobs/claim", {"worker": "gpu-1"})
+    claimed = _post(gpu_1, "/api/v1/training-jobs/claim", {"worker": "gpu-1"})
     assert (claimed.status_code, claimed.json()["id"]) == (200, job_id)
-    assert claimed.json()["validation_url"] == f"/api/v1/exports/{held_out}/download"
-    assert _post(other, "/api/v1/training-jobs/claim", {"worker": "gpu-2"}).status_code == 204
+    assert claimed.json()["validation_url"] == f"/api/v1/training-jobs/{job_id}/data/validation"
+    assert _post(gpu_2, "/api/v1/training-jobs/claim", {"worker": "gpu-2"}).status_code == 204
+    train_data = gpu_1.get(claimed.json()["export_url"])
+    assert train_data.status_code == 200
+    served = b"".join(train_data.streaming_content)  # type: ignore[attr-defined]
+    assert served == Path(Export.objects.get(pk=export_id).path).read_bytes()
 
     for path, body in (
         (f"/api/v1/training-jobs/{job_id}/heartbeat", {}),
         (f"/api/v1/training-jobs/{job_id}/metrics", {"step": 1, "metrics": {"loss": 1.0}}),
         (f"/api/v1/training-jobs/{job_id}/finish", {"status": "failed", "error": "not mine"}),
     ):
-        refused = _post(other, path, body)
+        refused = _post(gpu_2, path, body)
         assert (refused.status_code, refused.json()["code"]) == (409, "training_job_not_held"), path
+    not_held = gpu_2.get(f"/api/v1/training-jobs/{job_id}/data/train")
+    assert (not_held.status_code, not_held.json()["code"]) == (409, "training_job_not_held")
     assert TrainingJob.objects.get(pk=job_id).status == JobStatus.RUNNING
-    assert _post(client, f"/api/v1/training-jobs/{job_id}/heartbeat", {}).status_code == 204
+    assert _post(gpu_1, f"/api/v1/training-jobs/{job_id}/heartbeat", {}).status_code == 204
     # Succeeding needs the adapter first.
-    early = _post(client, f"/api/v1/training-jobs/{job_id}/finish", {"status": "succeeded"})
+    early = _post(gpu_1, f"/api/v1/training-jobs/{job_id}/finish", {"status": "succeeded"})
     assert (early.status_code, early.json()["errors"][0]["field"]) == (422, "status")
+
+
+def test_a_worker_key_reaches_only_the_workers_calls(gateway: Any, run: Any) -> None:  # noqa: F811
+    """A `train` key on a GPU machine claims jobs and reads their data; it cannot read or change anything else,
+    and a `read`/`write` key cannot act as a worker."""
+    client, _ = _client(gateway.workspace)
+    gpu, _ = _client(gateway.workspace, ("train",))
+    curation = _curation(gateway, run)
+    export = services.export_create(curation=curation, format="art", dispatch=False)
+    services.export_execute(export_id=export.pk)
+
+    for path in ("/api/v1/curations", f"/api/v1/exports/{export.pk}/download", "/api/v1/training-jobs"):
+        refused = gpu.get(path)
+        assert (refused.status_code, refused.json()["code"]) == (403, "insufficient_scope"), path
+    refused = _post(gpu, "/api/v1/training-jobs", {"export": export.pk, "method": "grpo", "base_model": "tiny"})
+    assert refused.status_code == 403
+    as_worker = _post(client, "/api/v1/training-jobs/claim", {"worker": "laptop"})
+    assert (as_worker.status_code, as_worker.json()["code"]) == (403, "insufficient_scope")
 
 
 def test_a_job_on_the_wrong_export_format_is_refused(gateway: Any, run: Any) -> None:  # noqa: F811
@@ -139,16 +167,22 @@ def test_a_job_on_the_wrong_export_format_is_refused(gateway: Any, run: Any) -> 
     assert bad_config.value.extra["errors"][0]["field"].startswith("config.")
 
 
-def test_reward_rising_while_validation_falls_flags_the_job(gateway: Any, run: Any) -> None:  # noqa: F811
+def _held_job(gateway: Any, run: Any) -> tuple[TrainingJob, Any]:  # noqa: F811
+    """A GRPO job on an ART export of the run, claimed by a worker's `train` key: (job, key)."""
     curation = _curation(gateway, run)
     export = services.export_create(curation=curation, format="art", dispatch=False)
     services.export_execute(export_id=export.pk)
     export.refresh_from_db()
     job = jobs.job_create(export=export, method="grpo", base_model="tiny")
-    _, raw = _client(gateway.workspace)
+    _, raw = _client(gateway.workspace, ("train",))
     key = registry_services.apikey_authenticate(raw_key=raw)
     assert key is not None
     assert jobs.job_claim(api_key=key, worker="gpu") is not None
+    return job, key
+
+
+def test_reward_rising_while_validation_falls_flags_the_job(gateway: Any, run: Any) -> None:  # noqa: F811
+    job, key = _held_job(gateway, run)
     series = [
         (0, {"validation_score": 0.60}),
         (1, {"policy_reward": 0.40}),
@@ -166,6 +200,40 @@ def test_reward_rising_while_validation_falls_flags_the_job(gateway: Any, run: A
     assert "0.620 to 0.500" in flagged.flag_reason
 
 
+def test_a_slow_slide_from_the_best_validation_while_the_training_reward_climbs_flags_the_job(
+    gateway: Any,  # noqa: F811
+    run: Any,  # noqa: F811
+) -> None:
+    """No two validations in a row differ by the margin; the slide from the best one does."""
+    job, key = _held_job(gateway, run)
+    validations = [(0, 0.227, 0.30), (4, 0.212, 0.34), (8, 0.209, 0.36), (12, 0.197, 0.41)]
+    for step, score, trained in validations[:3]:
+        jobs.job_metrics_record(
+            job=job, api_key=key, step=step, values={"validation_score": score, "train_policy_reward": trained}
+        )
+    assert not TrainingJob.objects.get(pk=job.pk).flagged  # 0.018 below the best: not yet past the margin
+    step, score, trained = validations[3]
+    jobs.job_metrics_record(
+        job=job, api_key=key, step=step, values={"validation_score": score, "train_policy_reward": trained}
+    )
+    flagged = TrainingJob.objects.get(pk=job.pk)
+    assert flagged.flagged
+    assert "steps 0 and 12" in flagged.flag_reason
+    assert "0.300 to 0.410" in flagged.flag_reason
+
+
+def test_a_falling_validation_with_a_falling_training_reward_is_not_flagged(
+    gateway: Any,  # noqa: F811
+    run: Any,  # noqa: F811
+) -> None:
+    job, key = _held_job(gateway, run)
+    for step, score, trained in [(0, 0.60, 0.50), (5, 0.50, 0.45), (10, 0.40, 0.40)]:
+        jobs.job_metrics_record(
+            job=job, api_key=key, step=step, values={"validation_score": score, "train_policy_reward": trained}
+        )
+    assert not TrainingJob.objects.get(pk=job.pk).flagged  # worse everywhere: a bad run, not reward hacking
+
+
 def test_a_crashed_workers_job_is_reclaimed_after_its_lease(gateway: Any, run: Any) -> None:  # noqa: F811
     from datetime import timedelta
 
@@ -176,7 +244,9 @@ def test_a_crashed_workers_job_is_reclaimed_after_its_lease(gateway: Any, run: A
     services.export_execute(export_id=export.pk)
     export.refresh_from_db()
     job = jobs.job_create(export=export, method="grpo", base_model="tiny", lease_seconds=60)
-    first, second = (registry_services.apikey_authenticate(raw_key=_client(gateway.workspace)[1]) for _ in range(2))
+    first, second = (
+        registry_services.apikey_authenticate(raw_key=_client(gateway.workspace, ("train",))[1]) for _ in range(2)
+    )
     assert first is not None
     assert second is not None
     assert jobs.job_claim(api_key=first, worker="gpu-1") is not None
@@ -201,7 +271,7 @@ def test_an_adapter_larger_than_the_request_body_limit_is_streamed_to_disk(
     import gzip
     import os
 
-    client, _ = _client(gateway.workspace)
+    client, _ = _client(gateway.workspace, ("read", "write", "train"))
     curation = _curation(gateway, run)
     export = services.export_create(curation=curation, format="art", dispatch=False)
     services.export_execute(export_id=export.pk)

@@ -157,7 +157,11 @@ def test_the_worker_claims_trains_reports_uploads_and_finishes(model_dir: Path, 
         ("POST", f"{jobs}/7/finish"),
     ]
     assert [m["step"] for m in fake.metrics] == [0, 1, 2, 3, 4, 5, 6]
-    assert set(fake.metrics[0]["metrics"]) == {"validation_score", "validation_pairwise_accuracy"}
+    assert set(fake.metrics[0]["metrics"]) == {
+        "validation_score",
+        "validation_pairwise_accuracy",
+        "train_policy_reward",
+    }
     assert set(fake.metrics[3]["metrics"]) >= {
         "loss", "reward_mean", "reward_std", "advantage_mean", "advantage_std", "advantage_min", "advantage_max",
         "zero_advantage_groups_skipped", "kl", "policy_reward", "validation_score",

@@ -66,7 +66,7 @@ def test_scopes_must_be_known_and_not_empty(workspace, scopes, message):
         services.apikey_create(workspace=workspace, name="k", scopes=scopes)
 
     assert raised.value.body() == {
-        "detail": "scopes must be a non-empty subset of ingest, gateway, read, write",
+        "detail": "scopes must be a non-empty subset of ingest, gateway, read, write, train",
         "code": "api_key_invalid",
         "errors": [{"field": "scopes", "message": message}],
     }

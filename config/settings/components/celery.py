@@ -37,9 +37,15 @@ if CELERY_BROKER_EMBEDDED:
 elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
     # Redis redelivers an unacknowledged task only after its visibility timeout; keep it longer
     # than the longest task, and restore often so a killed worker's task comes back soon.
+    # redis-py waits for an answer forever by default: a Redis that stops answering (frozen, cut off by
+    # the network) would hang every request that sends a task. With a timeout the send fails, the row it
+    # was about stays committed, and the sweeper sends it later (config/dispatch.py).
+    _socket_timeout = env_int("CELERY_BROKER_SOCKET_TIMEOUT", 5)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600),
         "unacked_restore_interval": 10,
+        "socket_timeout": _socket_timeout,
+        "socket_connect_timeout": _socket_timeout,
     }
 else:
     CELERY_BROKER_TRANSPORT_OPTIONS = {}

@@ -6,6 +6,9 @@ from config.settings.env import env_int
 KEEL_MAX_DECOMPRESSED_BYTES = env_int("KEEL_MAX_DECOMPRESSED_BYTES", 64 * 1024 * 1024)
 # Attribute values longer than this are cut (with a marker that keeps the original length).
 KEEL_MAX_ATTRIBUTE_LENGTH = env_int("KEEL_MAX_ATTRIBUTE_LENGTH", 256 * 1024)
+# Spans in one request (OTLP or JSON trajectories); more gets 413. A worker holds a batch's spans in memory,
+# about 20 KB each when they share one trace: 20,000 is a few hundred MB (the OTel Collector batches 8,192).
+KEEL_INGEST_MAX_SPANS_PER_REQUEST = env_int("KEEL_INGEST_MAX_SPANS_PER_REQUEST", 20_000)
 # Back-pressure: ingest answers 429 with Retry-After instead of queueing more than the workers can store
 # in KEEL_INGEST_MAX_QUEUE_SECONDS at their recent rate (at least the floor, at most the cap), or once the
 # oldest waiting batch has waited that long.

@@ -3,6 +3,16 @@
 (function () {
   "use strict";
 
+  // The Content-Security-Policy (config/middleware.py) allows no inline <style> and no eval: htmx's
+  // indicator styles are in keel.css instead, and htmx evaluates no expressions. (Script tags in swapped
+  // content stay allowed: htmx would drop the json_script data blocks with them, and an inline script
+  // there could not run under the policy anyway.) htmx reads its configuration when the document is
+  // ready, after this deferred script has run.
+  if (window.htmx) {
+    window.htmx.config.includeIndicatorStyles = false;
+    window.htmx.config.allowEval = false;
+  }
+
   function validateSoon(form) {
     if (form && form.hasAttribute("hx-post")) {
       form.dispatchEvent(new Event("change", { bubbles: true }));
@@ -120,6 +130,11 @@
 
   document.addEventListener("change", function (event) {
     var target = event.target;
+    // A select marked data-autosubmit sends its form when it changes (no inline handler: see the CSP).
+    if (target.hasAttribute && target.hasAttribute("data-autosubmit") && target.form) {
+      target.form.submit();
+      return;
+    }
     if (target.name === "period" && target.form && target.form.hasAttribute("data-drop-empty")) {
       var custom = target.form.querySelector("[data-custom-range]");
       if (custom) { custom.hidden = target.value !== "custom"; }

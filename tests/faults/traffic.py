@@ -1,0 +1,126 @@
+"""What the fault tests send and the servers they stop: OTLP/JSON bodies with known trace ids, a Redis server of
+their own, free ports, waiting on a condition."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+SPANS_PER_TRACE = 2
+
+
+def otlp_json(trace_ids: list[str], *, agent: str = "faults-agent") -> bytes:
+    """An OTLP/JSON export request: per trace id, an agent span and a chat span under it."""
+    now = time.time_ns()
+    spans = []
+    for trace_id in trace_ids:
+        root = secrets.token_hex(8)
+        spans.append(
+            {
+                "traceId": trace_id,
+                "spanId": root,
+                "name": f"invoke_agent {agent}",
+                "kind": 2,
+                "startTimeUnixNano": str(now),
+                "endTimeUnixNano": str(now + 2_000_000),
+                "attributes": [
+                    {"key": "gen_ai.operation.name", "value": {"stringValue": "invoke_agent"}},
+                    {"key": "gen_ai.agent.name", "value": {"stringValue": agent}},
+                ],
+            }
+        )
+        spans.append(
+            {
+                "traceId": trace_id,
+                "spanId": secrets.token_hex(8),
+                "parentSpanId": root,
+                "name": "chat stub",
+                "kind": 3,
+                "startTimeUnixNano": str(now + 100_000),
+                "endTimeUnixNano": str(now + 1_900_000),
+                "attributes": [
+                    {"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
+                    {"key": "gen_ai.request.model", "value": {"stringValue": "stub"}},
+                    {"key": "gen_ai.usage.input_tokens", "value": {"intValue": "10"}},
+                    {"key": "gen_ai.usage.output_tokens", "value": {"intValue": "3"}},
+                ],
+            }
+        )
+    document = {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": agent}}]},
+                "scopeSpans": [{"scope": {"name": "keel.tests.faults"}, "spans": spans}],
+            }
+        ]
+    }
+    return json.dumps(document).encode()
+
+
+def trace_ids_new(count: int) -> list[str]:
+    return [secrets.token_hex(16) for _ in range(count)]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_for(
+    condition: Callable[[], bool], timeout: float, what: str | Callable[[], str], log: Path | None = None
+) -> None:
+    """Poll until `condition()` holds; a generous `timeout` is a hang detector, not a speed requirement.
+    `what` (or what it returns, read when the wait fails) and the log's tail explain a failure."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    tail = f"; log:\n{log.read_text(errors='replace')[-6000:]}" if log is not None and log.exists() else ""
+    raise AssertionError(f"{what if isinstance(what, str) else what()} within {timeout} s{tail}")
+
+
+class RedisServer:
+    """A redis-server of the test's own on a spare port, with no persistence: stopping it loses what it held,
+    as a broker that went away and came back empty does. The machine's shared Redis is never touched."""
+
+    def __init__(self, log: Path) -> None:
+        self.port = free_port()
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        import redis
+
+        with self.log.open("ab") as output:
+            self.process = subprocess.Popen(
+                ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no"],
+                stdout=output,
+                stderr=subprocess.STDOUT,
+            )
+        client = redis.Redis(port=self.port, socket_connect_timeout=1)
+
+        def answers() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.ConnectionError:
+                return False
+
+        wait_for(answers, 30, "redis-server did not answer", self.log)
+
+    def kill(self) -> None:
+        """Gone at once (SIGKILL): no shutdown, no save."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.process = None

@@ -1,0 +1,94 @@
+"""A curation rewarded by a group judge (RULER): one judge call per group, kept, so the export and later previews
+read the rewards the preview was shown instead of asking the judge again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evals import services as eval_services
+from routing.tests.conftest import Gateway
+from routing.tests.fakes import FakeGatewayLLM, say
+from trainer_bridge import services
+from trainer_bridge.models import GroupJudgement
+from trainer_bridge.tests.test_exports import fake, gateway, media, run  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.django_db
+
+SCORES = (0.2, 0.9, 0.5, 0.1)
+
+
+def _judge_reply() -> Any:
+    ranked = [{"id": f"candidate-{n}", "score": score, "explanation": "e"} for n, score in enumerate(SCORES, 1)]
+    return say(json.dumps({"reasoning": "compared", "scores": ranked}))
+
+
+def _judge_calls(llm: FakeGatewayLLM) -> int:
+    return sum("group_scores" in json.dumps(call.params.get("response_format") or {}) for call in llm.received)
+
+
+def test_the_group_judge_is_asked_once_per_group_across_previews_and_the_export(
+    gateway: Gateway,  # noqa: F811
+    run: Any,  # noqa: F811
+    fake: FakeGatewayLLM,  # noqa: F811
+) -> None:
+    eval_services.evaluator_create(
+        workspace=gateway.workspace, name="ruler", config={"type": "group_judge", "model": "fast"}
+    )
+    curation = services.curation_create(
+        workspace=gateway.workspace,
+        name="judged",
+        query={"runs": [run.pk]},
+        grouping="dataset_item",
+        reward={"source": "group_judge", "evaluator": "ruler"},
+        filters={"dedupe": False},
+    )
+    fake.script("fast", *[_judge_reply() for _ in range(4)])
+    before = _judge_calls(fake)
+
+    shown = services.curation_preview(workspace=gateway.workspace, snapshot=services.curation_snapshot(curation))
+    assert _judge_calls(fake) - before == 4  # one call per item's group of four answers
+    assert shown.preview.groups == 4  # the judge tells apart even the items whose answers all passed
+    assert GroupJudgement.objects.count() == 4
+
+    again = services.curation_preview(workspace=gateway.workspace, snapshot=services.curation_snapshot(curation))
+    export = services.export_create(curation=curation, format="art", dispatch=False)
+    done = services.export_execute(export_id=export.pk)
+
+    assert _judge_calls(fake) - before == 4
+    assert again.as_dict()["rewards"] == shown.as_dict()["rewards"]
+    assert done is not None
+    for line in Path(done.path).read_text().splitlines():
+        assert sorted(t["reward"] for t in json.loads(line)["trajectories"]) == sorted(SCORES)
+
+
+def test_a_judge_that_errs_is_asked_again_next_time(
+    gateway: Gateway,  # noqa: F811
+    run: Any,  # noqa: F811
+    fake: FakeGatewayLLM,  # noqa: F811
+) -> None:
+    eval_services.evaluator_create(
+        workspace=gateway.workspace, name="ruler", config={"type": "group_judge", "model": "fast"}
+    )
+    curation = services.curation_create(
+        workspace=gateway.workspace,
+        name="judged",
+        query={"runs": [run.pk]},
+        grouping="dataset_item",
+        reward={"source": "group_judge", "evaluator": "ruler"},
+        filters={"dedupe": False},
+    )
+    fake.script("fast", *[say("not json") for _ in range(20)])  # more than the judge's retries use
+
+    unread = services.curation_preview(workspace=gateway.workspace, snapshot=services.curation_snapshot(curation))
+
+    assert unread.preview.groups == 0  # errored scores reward nothing
+    assert not GroupJudgement.objects.exists()
+    fake.scripts["fast"].clear()
+    fake.script("fast", *[_judge_reply() for _ in range(4)])
+    judged = services.curation_preview(workspace=gateway.workspace, snapshot=services.curation_snapshot(curation))
+    assert judged.preview.groups == 4
+    assert GroupJudgement.objects.count() == 4
