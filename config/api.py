@@ -39,6 +39,19 @@ from trainer_bridge.api import router as training_router
 logger = logging.getLogger("config.api")
 
 
+class KeelNinjaAPI(NinjaAPI):
+    """The OpenAPI schema is built once per process and path prefix: it depends on the code alone, and building
+    it takes about half a second of CPU, which an anonymous client could otherwise ask for in a loop."""
+
+    def get_openapi_schema(self, *, path_prefix: str | None = None, path_params: dict[str, Any] | None = None) -> Any:
+        if path_prefix is None:
+            path_prefix = self.get_root_path(path_params or {})
+        cache: dict[str, Any] = self.__dict__.setdefault("_openapi_schemas", {})
+        if path_prefix not in cache:
+            cache[path_prefix] = super().get_openapi_schema(path_prefix=path_prefix)
+        return cache[path_prefix]
+
+
 class JsonParser(Parser):
     """Bodies through `json_body_loads`: JSON PostgreSQL can store, or a 400 `invalid_json`."""
 
@@ -157,7 +170,7 @@ def _install_error_handlers(api: NinjaAPI) -> None:
         return _error(api, request, 500, {"detail": "internal error", "code": "internal_error"})
 
 
-api = NinjaAPI(
+api = KeelNinjaAPI(
     title="Keel API",
     version="1",
     description="Agents and their requirements, prompts, keys. Authenticate with `Authorization: Bearer <key>`.",
@@ -176,7 +189,7 @@ api.add_router("/", eval_suites_router)
 api.add_router("/", training_router)
 _install_error_handlers(api)
 
-langfuse_api = NinjaAPI(
+langfuse_api = KeelNinjaAPI(
     title="Keel: Langfuse-compatible API",
     version="1",
     description="The subset of Langfuse's public API that its SDKs call, served from Keel's data.",
