@@ -91,7 +91,9 @@ class LangfuseMirrorForm(forms.Form):
         secret_key = self.fields["secret_key"]
         if mirror is not None and mirror.secret_key_encrypted:
             secret_key.required = False
-            secret_key.help_text = "A key is stored (encrypted). Leave this empty to keep it; it is never shown."
+            secret_key.help_text = (
+                "A key is stored (encrypted). Leave this empty to keep it, for the same host; it is never shown."
+            )
         else:
             secret_key.help_text = "Stored encrypted and never shown again."
 

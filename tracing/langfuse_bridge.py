@@ -55,7 +55,8 @@ def langfuse_mirror_configure(
     configured_by: User | None = None,
     configured_via_key: ApiKey | None = None,
 ) -> LangfuseMirror:
-    """Point the workspace's mirror at a Langfuse project. `secret_key=None` keeps the stored one."""
+    """Point the workspace's mirror at a Langfuse project. `secret_key=None` keeps the stored one, for the same
+    host only."""
     problems = []
     if not host.startswith(("http://", "https://")):
         problems.append({"field": "host", "message": "must be an http(s) URL"})
@@ -64,6 +65,9 @@ def langfuse_mirror_configure(
     existing = LangfuseMirror.objects.filter(workspace=workspace).first()
     if secret_key is None and existing is None:
         problems.append({"field": "secret_key", "message": "required"})
+    elif secret_key is None and existing is not None and existing.host != host.rstrip("/"):
+        # Whoever can change the host must not be able to send the stored secret to a server of their own.
+        problems.append({"field": "secret_key", "message": "required when the host changes"})
     if problems:
         raise exceptions.LangfuseMirrorInvalid(
             "invalid Langfuse settings: " + "; ".join(f"{p['field']}: {p['message']}" for p in problems),

@@ -233,6 +233,32 @@ def test_the_secret_key_is_stored_encrypted_and_never_returned(workspace, langfu
     assert LangfuseMirror.objects.get(workspace=workspace).secret_key_encrypted == stored.secret_key_encrypted
 
 
+def test_a_new_host_needs_the_secret_key_again(workspace, langfuse, api_client_for):
+    client = api_client_for(workspace)
+    langfuse_bridge.langfuse_mirror_configure(
+        workspace=workspace, host=langfuse.url, public_key="pk-lf-1", secret_key="sk-lf-very-secret"
+    )
+    stored = LangfuseMirror.objects.get(workspace=workspace)
+
+    moved = client.put(
+        "/api/v1/integrations/langfuse",
+        data={"host": "https://collector.example.net", "public_key": "pk-lf-1"},
+        content_type="application/json",
+    )
+
+    assert moved.status_code == 422
+    assert moved.json()["errors"] == [{"field": "secret_key", "message": "required when the host changes"}]
+    unchanged = LangfuseMirror.objects.get(workspace=workspace)
+    assert (unchanged.host, unchanged.secret_key_encrypted) == (langfuse.url, stored.secret_key_encrypted)
+    moved_with_secret = client.put(
+        "/api/v1/integrations/langfuse",
+        data={"host": "https://collector.example.net", "public_key": "pk-lf-1", "secret_key": "sk-lf-other"},
+        content_type="application/json",
+    )
+    assert moved_with_secret.status_code == 200
+    assert LangfuseMirror.objects.get(workspace=workspace).host == "https://collector.example.net"
+
+
 def test_mirror_settings_are_per_workspace(workspace, other_workspace, langfuse, api_client_for):
     langfuse_bridge.langfuse_mirror_configure(workspace=workspace, host=langfuse.url, public_key="pk", secret_key="sk")
 
