@@ -554,9 +554,14 @@ def apikey_create_api(request: HttpRequest, payload: ApiKeyIn) -> Any:
 
 @router.delete("/keys/{int:key_id}", auth=WRITE, response={200: ApiKeyOut, **ERRORS})
 def apikey_revoke_api(request: HttpRequest, key_id: int) -> Any:
+    """Revoke a key. As with creating one, a key can only revoke keys with no more power than its own: keys
+    whose scopes it holds, among the agents it is limited to (it does not see the others)."""
     api_key = selectors.apikey_get(
         workspace=request_workspace(request), key_id=key_id, agent_ids=request_agent_ids(request)
     )
+    extra_scopes = sorted(set(api_key.scopes) - set(request_api_key(request).scopes))
+    if extra_scopes:
+        raise PermissionDenied(f"a key cannot revoke a key with scopes it lacks: {', '.join(extra_scopes)}")
     return _key_out(services.apikey_revoke(api_key=api_key, revoked_via_key=request_api_key(request)))
 
 

@@ -184,6 +184,23 @@ def test_a_limited_key_cannot_revoke_a_wider_key(workspace, registry, api_client
     assert list(ApiKey.objects.filter(revoked_at__isnull=False)) == []
 
 
+def test_a_key_cannot_revoke_a_key_with_scopes_it_lacks(workspace, registry, api_client_for):
+    trainer, _ = services.apikey_create(workspace=workspace, name="gpu worker", scopes=["train"])
+    wider, _ = services.apikey_create(workspace=workspace, name="wider", scopes=["read", "write", "gateway"])
+    narrower, _ = services.apikey_create(workspace=workspace, name="narrower", scopes=["read"])
+    client = api_client_for(workspace, scopes=["read", "write"])
+
+    refused = [client.delete(f"/api/v1/keys/{key.pk}") for key in (trainer, wider)]
+    allowed = client.delete(f"/api/v1/keys/{narrower.pk}")
+
+    assert [(response.status_code, response.json()["detail"]) for response in refused] == [
+        (403, "a key cannot revoke a key with scopes it lacks: train"),
+        (403, "a key cannot revoke a key with scopes it lacks: gateway"),
+    ]
+    assert allowed.status_code == 200
+    assert list(ApiKey.objects.filter(revoked_at__isnull=False)) == [narrower]
+
+
 def test_an_expiring_key_cannot_create_a_key_that_outlives_it(workspace, registry, registry_state):
     from datetime import timedelta
 

@@ -166,6 +166,12 @@ def _send(client: Client, method: str, path: str, body: Any = None) -> Any:
     return response
 
 
+def _read_key(tenant: Tenant) -> ApiKey:  # noqa: F811
+    """A key the `read, write` clients of these tests may revoke (one with no scope they lack)."""
+    key, _ = registry_services.apikey_create(workspace=tenant.workspace, name="old ci", scopes=["read"])
+    return key
+
+
 def _api_cases(tenant: Tenant) -> dict[str, tuple[str, str, Any, str]]:  # noqa: F811
     """name: (method, path, body, the action it writes), each on the tenant's own rows."""
     agent, prompt = tenant.agent.slug, tenant.prompt.name
@@ -173,7 +179,7 @@ def _api_cases(tenant: Tenant) -> dict[str, tuple[str, str, Any, str]]:  # noqa:
     rule = {"name": "Loops", "signal": "loop", "threshold": 0.2, "agent": agent}
     return {
         "key_create": ("post", "/api/v1/keys", {"name": "ci", "scopes": ["read"]}, "apikey.created"),
-        "key_revoke": ("delete", f"/api/v1/keys/{tenant.api_key.pk}", None, "apikey.revoked"),
+        "key_revoke": ("delete", f"/api/v1/keys/{_read_key(tenant).pk}", None, "apikey.revoked"),
         "agent_create": ("post", "/api/v1/agents", {"slug": "new-agent", "name": "New"}, "agent.created"),
         "agent_update": ("patch", f"/api/v1/agents/{agent}", {"status": "paused"}, "agent.changed"),
         "agent_delete": ("delete", f"/api/v1/agents/{agent}", None, "agent.deleted"),
@@ -305,7 +311,7 @@ def test_an_action_that_fails_writes_no_event(tenant: Tenant) -> None:  # noqa: 
     routing_services.model_target_create(
         workspace=tenant.workspace, alias="backup", model="openai/x", fallbacks=[tenant.target.alias]
     )
-    revoked = registry_services.apikey_revoke(api_key=tenant.api_key)
+    revoked = registry_services.apikey_revoke(api_key=_read_key(tenant))
     budgets.budget_create(workspace=tenant.workspace, scope="end_user", end_user="u1", period="day", limit_tokens=5)
     tenant.approval.status = ApprovalStatus.REJECTED
     tenant.approval.decided_at = timezone.now()

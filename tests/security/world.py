@@ -111,6 +111,9 @@ def world_build(media: Path) -> World:
     registry_services.apikey_revoke(api_key=revoked)
     callers["revoked_key"] = Caller("revoked_key", raw_key=raw_revoked)
 
+    # The key the matrix revokes: one a `write` key may revoke (a key revokes only keys whose scopes it holds).
+    revocable, _ = _key(ours, "revocable", [Scope.WRITE])
+
     ApiKey.objects.filter(workspace__in=(ours, theirs)).update(last_used_at=timezone.now())
 
     # The worker side of the trainer bridge: our train key holds the tenant's job (it is the oldest
@@ -156,7 +159,7 @@ def world_build(media: Path) -> World:
         "export": tenant.export.pk,
         "queued_export": tenant.queued_export.pk,
         "job": tenant.training_job.pk,
-        "key": tenant.api_key.pk,
+        "key": revocable.pk,
         # The agent's guardrail policy as it stands, for a save that changes nothing but is a save.
         "policy": guardrail_services.guardrail_policy_get(agent=tenant.agent).document.model_dump(mode="json"),
     }
