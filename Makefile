@@ -5,6 +5,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+# Two workers, one per core; tests that start processes of their own run one at a time (conftest.py).
+PYTEST_WORKERS ?= 2
 
 .PHONY: run test install lint typecheck imports migrations-check pytest bench browser-deps clean
 
@@ -46,7 +48,7 @@ migrations-check:
 
 # pytest exits 5 when it collects nothing; that is not a failure of the suite.
 pytest:
-	$(BIN)/pytest $(PYTEST_ARGS); code=$$?; if [ $$code -eq 5 ]; then exit 0; else exit $$code; fi
+	$(BIN)/pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS); code=$$?; if [ $$code -eq 5 ]; then exit 0; else exit $$code; fi
 
 bench: install
 	$(PY) -m bench

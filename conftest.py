@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -54,6 +58,20 @@ def api_client_for():
         return Client(headers={"Authorization": f"Bearer {raw_key}"})
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _one_process_test_at_a_time(request: pytest.FixtureRequest, testrun_uid: str) -> Iterator[None]:
+    """`make test` runs two pytest workers. Tests marked `processes` start Celery workers on the shared Redis
+    database and RabbitMQ vhost, or put Keel under load: two at once would consume each other's messages or
+    starve each other's timing, so each holds a lock, shared by the run's workers, while it runs. (pytest-xdist's
+    `--dist loadgroup` would send them to one worker, but it renames tests in a way pytest 9 ignores.)"""
+    if request.node.get_closest_marker("processes") is None:
+        yield
+        return
+    with (Path(tempfile.gettempdir()) / f"keel-process-tests-{testrun_uid}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.hookimpl(trylast=True)

@@ -7,10 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from celery import Celery
 from django.db import connection
 
 BASE_DIR = Path(__file__).resolve().parents[2]
+
+# Tests that start processes of their own (Celery workers on the shared Redis database and RabbitMQ vhost,
+# Keel under load, faults): under `make test`'s two pytest workers, one such test runs at a time (conftest.py).
+PROCESS_TESTS = pytest.mark.processes
 
 
 def process_env(broker_url: str | None, broker_dir: Path) -> dict[str, str]:

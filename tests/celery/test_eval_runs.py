@@ -39,11 +39,11 @@ from config.celery import app as keel_celery
 from evals import dataset_items, runs, services
 from evals.models import Run, RunItem, RunItemStatus, RunSample, RunScore, RunStatus, Suite
 from routing.models import ModelTarget, RouterConfig
-from tests.celery.processes import BASE_DIR, celery_producer, celery_start, celery_stop, process_env
+from tests.celery.processes import BASE_DIR, PROCESS_TESTS, celery_producer, celery_start, celery_stop, process_env
 from tracing.models import IngestBatch, Span
 
 # Real worker processes read what the test wrote, so the data must be committed.
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), PROCESS_TESTS]
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 EXECUTE = "evals.run_execute"

@@ -14,10 +14,10 @@ from celery import Celery
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from agent_registry.models import WorkerHeartbeat
-from tests.celery.processes import celery_producer, celery_start, celery_stop, process_env
+from tests.celery.processes import PROCESS_TESTS, celery_producer, celery_start, celery_stop, process_env
 
 # Real worker and beat processes read what the test wrote, so the data must be committed.
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), PROCESS_TESTS]
 
 HEARTBEAT = "agent_registry.worker_heartbeat_record"
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")

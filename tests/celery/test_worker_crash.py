@@ -15,13 +15,13 @@ import pytest
 
 from agent_registry import services as registry_services
 from agent_registry.tests.factories import WorkspaceFactory
-from tests.celery.processes import celery_producer, celery_start, celery_stop, process_env
+from tests.celery.processes import PROCESS_TESTS, celery_producer, celery_start, celery_stop, process_env
 from tracing import services
 from tracing.models import BatchStatus, IngestBatch, Span, Trajectory
 from tracing.tests.agent_traces import refund_conversation
 from tracing.tests.conftest import OtelRecorder
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), PROCESS_TESTS]
 
 CONVERSATIONS = 2000  # 8,000 spans: a batch that takes the worker a few seconds
 PROCESS = "tracing.span_batch_process"

@@ -8,6 +8,7 @@ import pytest
 
 from bench import load
 from bench.harness import Report
+from tests.celery.processes import PROCESS_TESTS
 from tests.load.conftest import FULL, RSS_LIMIT_BYTES
 
 OPTIONS = (
@@ -18,6 +19,7 @@ OPTIONS = (
 
 
 @pytest.mark.django_db(transaction=True)
+@PROCESS_TESTS
 def test_gateway_under_100_clients_answers_without_errors_of_its_own(keel):
     with load.stub_running(keel.environment) as stub_port:
         world = load.gateway_world_create(stub_port)

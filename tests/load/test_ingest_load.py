@@ -8,6 +8,7 @@ import pytest
 
 from bench import load
 from bench.harness import Report
+from tests.celery.processes import PROCESS_TESTS
 from tests.load.conftest import FULL, RSS_LIMIT_BYTES
 
 OPTIONS = (
@@ -18,6 +19,7 @@ OPTIONS = (
 
 
 @pytest.mark.django_db(transaction=True)
+@PROCESS_TESTS
 def test_ingest_at_twice_capacity_stores_each_acknowledged_span_once(keel):
     world = load.ingest_world_create()
 
