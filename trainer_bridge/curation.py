@@ -20,8 +20,9 @@ Its `reward` says where each trajectory's reward comes from:
 A trajectory without a reward is left out (and counted). A human correction (a `correction` score) of a
 trajectory becomes its preferred completion.
 
-Grouping (`grouping`): "dataset_item" (the eval run item it answered), "task_id" (`task.id`), "first_request"
-(its normalised first user request), or "auto": the first of these the trajectory has.
+Grouping (`grouping`): "dataset_item" (the eval run item it answered, keyed `<dataset>/v<version>/<position>`),
+"task_id" (`task.id`), "first_request" (its normalised first user request), or "auto": the first of these the
+trajectory has.
 """
 
 from __future__ import annotations
@@ -224,7 +225,7 @@ class _Rewards:
     scores: dict[int, dict[tuple[str, str], list[float]]] = field(default_factory=dict)
     run_scores: dict[tuple[str, str], float] = field(default_factory=dict)  # (trace id, evaluator)
     corrections: dict[int, str] = field(default_factory=dict)
-    items: dict[str, int] = field(default_factory=dict)  # trace id -> dataset item (or run item) id
+    items: dict[str, str] = field(default_factory=dict)  # trace id -> the dataset item (or run item) it answered
 
 
 def _reward_names(reward: Mapping[str, Any]) -> tuple[set[str], set[str]]:
@@ -257,10 +258,18 @@ def _rewards_read(workspace: Workspace, chunk: Sequence[Trajectory], reward: Map
         ).values_list("sample__trace_id", "evaluator_name", "score"):
             if value is not None:
                 read.run_scores[(trace_id, evaluator)] = value
-    for trace_id, dataset_item_id, run_item_id in RunSample.objects.filter(
+    # A dataset item is named by its dataset, version and position, not its row id: the same in every
+    # database (a restored backup, the demo seeded anywhere), so the validation split, a hash of the key, is too.
+    for trace_id, dataset, version, position, run_item_id in RunSample.objects.filter(
         item__run__workspace=workspace, trace_id__in=trace_ids
-    ).values_list("trace_id", "item__dataset_item_id", "item_id"):
-        read.items[trace_id] = dataset_item_id or -run_item_id
+    ).values_list(
+        "trace_id",
+        "item__dataset_item__version__dataset__name",
+        "item__dataset_item__version__version",
+        "item__dataset_item__position",
+        "item_id",
+    ):
+        read.items[trace_id] = f"{dataset}/v{version}/{position}" if dataset is not None else f"run-item-{run_item_id}"
     return read
 
 
@@ -356,7 +365,7 @@ def _chunk(workspace: Workspace, chunk: Sequence[Trajectory], reward: Mapping[st
         first = _first_request(messages) or trajectory.input_preview
         keys: dict[str, str] = {}
         if trajectory.trace_id in read.items:
-            keys["dataset_item"] = str(read.items[trajectory.trace_id])
+            keys["dataset_item"] = read.items[trajectory.trace_id]
         if view.task_id or trajectory.task_id:
             keys["task_id"] = str(view.task_id or trajectory.task_id)
         if first.strip():

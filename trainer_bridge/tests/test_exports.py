@@ -92,6 +92,8 @@ def test_an_art_export_writes_each_group_and_a_manifest_with_the_files_checksum(
     assert export.bytes == len(content)
     lines = [json.loads(line) for line in content.splitlines()]
     assert len(lines) == 2
+    # A group's task is its dataset item by dataset, version and position (the same in every database).
+    assert sorted(group["metadata"]["task_id"] for group in lines) == ["item:regressions/v1/0", "item:regressions/v1/2"]
     for group in lines:
         rewards = sorted(trajectory["reward"] for trajectory in group["trajectories"])
         assert rewards == [0.0, 1.0]
