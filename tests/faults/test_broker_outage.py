@@ -38,7 +38,7 @@ from evals import runs
 from evals.models import Run, RunSample, RunStatus
 from tests.celery.processes import BASE_DIR, celery_producer, celery_start, celery_stop, process_env
 from tests.celery.test_eval_runs import _dispatching_to, _stub, _suite
-from tests.faults.traffic import SPANS_PER_TRACE, RedisServer, otlp_json, trace_ids_new, wait_for
+from tests.faults.traffic import SPANS_PER_TRACE, RedisServer, otlp_json, record_facts, trace_ids_new, wait_for
 from tracing.models import BatchStatus, IngestBatch, Span, Trajectory
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.redis]
@@ -154,6 +154,23 @@ def test_work_committed_while_the_broker_was_away_or_lost_with_it_is_done_once_a
             broker.kill()
         chat_requests = stub.chat_requests()
 
+    # Each of the three batches (before, lost with the broker, posted while it was away) was answered 200 above.
+    batches = (live, queued, during)
+    spans = Span.objects.filter(trace_id__in=[trace_id for trace_ids in batches for trace_id in trace_ids])
+    record_facts(
+        "broker killed and back empty",
+        ingest_requests_acknowledged=len(batches),
+        publish_failures_logged=len(failed),
+        spans_acknowledged=len(batches) * TRACES_PER_BATCH * SPANS_PER_TRACE,
+        spans_stored=spans.count(),
+        spans_stored_twice=spans.count() - spans.values("trace_id", "span_id").distinct().count(),
+        attempts_of_the_lost_batches=[
+            IngestBatch.objects.get(pk=batch.pk).attempts for batch in (queued_batch, during_batch)
+        ],
+        eval_run_status=Run.objects.get(pk=run.pk).status,
+        eval_samples_stored=RunSample.objects.filter(item__run=run).count(),
+        model_requests_for_the_samples=chat_requests,
+    )
     for trace_ids in (live, queued, during):
         assert Trajectory.objects.filter(trace_id__in=trace_ids).count() == TRACES_PER_BATCH
         assert Span.objects.filter(trace_id__in=trace_ids).count() == TRACES_PER_BATCH * SPANS_PER_TRACE
@@ -207,6 +224,17 @@ def test_a_broker_that_stops_answering_fails_the_send_and_the_request_is_still_a
             os.kill(broker.process.pid, signal.SIGCONT)
         broker.kill()
 
+    publish_failures = [record for record in caplog.records if record.getMessage() == "config.task_publish_failed"]
+    record_facts(
+        "broker frozen (SIGSTOP)",
+        # The first request was answered 200 above, before the broker froze.
+        ingest_requests_acknowledged=1 + (answered.get("status") == 200),
+        requests_hung=int("status" not in answered),
+        publish_failures_logged=len(publish_failures),
+        batches_kept_pending_for_the_sweep=IngestBatch.objects.filter(
+            workspace=workspace, status=BatchStatus.PENDING
+        ).count(),
+    )
     assert answered == {"status": 200}
     assert [record.task for record in caplog.records if record.getMessage() == "config.task_publish_failed"] == [
         "tracing.span_batch_process"

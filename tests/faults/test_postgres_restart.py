@@ -39,7 +39,7 @@ from agent_registry.tests.factories import WorkspaceFactory
 from config import embedded_postgres
 from tests.celery.processes import BASE_DIR, celery_producer, celery_start, celery_stop
 from tests.celery.test_eval_runs import _agent_on_stub, _stub
-from tests.faults.traffic import SPANS_PER_TRACE, free_port, otlp_json, trace_ids_new, wait_for
+from tests.faults.traffic import SPANS_PER_TRACE, free_port, otlp_json, record_facts, trace_ids_new, wait_for
 from tracing import services as tracing_services
 from tracing.models import BatchStatus, IngestBatch, Span
 
@@ -404,6 +404,34 @@ def test_a_postgres_restart_under_load_is_503_with_retry_after_and_keel_recovers
         finally:
             celery_stop(worker)
 
+        ingested_spans = server.query(
+            "SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM tracing_span WHERE trace_id = ANY(%s)",
+            load.acknowledged["ingest"],
+        )[0]
+        record_facts(
+            "PostgreSQL stopped (immediate) and started under load",
+            requests_sent=len(load.answers),
+            requests_acknowledged=sum(1 for answer in load.answers if answer.status == 200),
+            refused_503_with_retry_after=sum(
+                1 for answer in load.answers if answer.status == 503 and answer.retry_after is not None
+            ),
+            refused_503_in_the_outage={
+                kind: sum(1 for a in load.answers if (a.kind, a.phase, a.status) == (kind, "outage", 503))
+                for kind in KINDS
+            },
+            throttled_429=sum(1 for answer in load.answers if answer.status == 429),
+            other_5xx=sum(1 for answer in load.answers if (answer.status or 0) >= 500 and answer.status != 503),
+            unanswered=sum(1 for answer in load.answers if answer.status is None),
+            spans_acknowledged=len(load.acknowledged["ingest"]) * SPANS_PER_TRACE,
+            spans_stored=ingested_spans[1],
+            spans_stored_twice=ingested_spans[0] - ingested_spans[1],
+            gateway_requests_answered=len(load.acknowledged["gateway"]),
+            gateway_traces_stored=server.query(
+                "SELECT count(DISTINCT trace_id) FROM tracing_trajectory WHERE trace_id = ANY(%s)",
+                load.acknowledged["gateway"],
+            )[0][0],
+            failed_batches=server.query("SELECT count(*) FROM tracing_ingestbatch WHERE status = 'failed'")[0][0],
+        )
         by_status: dict[int | None, int] = {}
         for answer in load.answers:
             by_status[answer.status] = by_status.get(answer.status, 0) + 1
@@ -455,3 +483,9 @@ def test_a_retry_after_the_database_failed_mid_batch_takes_back_its_own_claim_an
     batch = IngestBatch.objects.get(pk=accepted.batch_id)
     assert (batch.status, batch.attempts) == (BatchStatus.DONE, 2)
     assert tracing_services.span_batch_process(batch_id=accepted.batch_id, held=2) == 0  # done stays done
+    record_facts(
+        "a retry after the database failed mid-batch",
+        spans_acknowledged=len(trace_ids) * SPANS_PER_TRACE,
+        spans_stored=Span.objects.filter(workspace=workspace).count(),
+        batch_attempts=IngestBatch.objects.get(pk=accepted.batch_id).attempts,
+    )

@@ -33,6 +33,7 @@ from routing.models import ModelTarget, RouterConfig, RoutingDecision
 from routing.tests.conftest import gateway_agent
 from routing.tests.test_gateway import _stream_live
 from tests.faults.provider import Fault, FaultyProvider, FaultyProviderServer
+from tests.faults.traffic import record_facts
 from tracing import services as tracing_services
 from tracing.models import IngestBatch, Span, Trajectory
 
@@ -108,6 +109,14 @@ def _trajectory(workspace: Workspace, trace_id: str) -> tuple[Trajectory, list[d
     return trajectory, generations
 
 
+def _calls(provider: FaultyProvider) -> dict[str, list[str]]:
+    """What each target was answered, in order, for record_facts: a fault's name, or "answer"."""
+    return {
+        model: [fault.value if fault else "answer" for fault in provider.calls(model)]
+        for model in ("primary", "backup")
+    }
+
+
 def test_a_timeout_and_a_500_are_retried_then_the_fallback_answers_and_the_trajectory_shows_both(wired, provider):
     provider.script("primary", Fault.SLOW, Fault.ERROR_500)
 
@@ -130,6 +139,14 @@ def test_a_timeout_and_a_500_are_retried_then_the_fallback_answers_and_the_traje
     wired.primary.refresh_from_db()
     wired.backup.refresh_from_db()
     assert (wired.primary.consecutive_failures, wired.backup.consecutive_failures) == (2, 0)
+    record_facts(
+        "provider timeout, then 500, then the fallback",
+        status=response.status_code,
+        provider_calls=_calls(provider),
+        answered_by=generation["metadata"]["target"],
+        attempts_in_the_trajectory=generation["metadata"]["attempts"],
+        trajectory_status=trajectory.status,
+    )
 
 
 @pytest.mark.parametrize(
@@ -169,6 +186,16 @@ def test_when_every_attempt_fails_the_caller_gets_a_clean_502_and_the_trajectory
     assert generation["status"] == "error"
     assert generation["status_message"] == body["detail"][:1000]
     assert generation["metadata"]["attempts"] == body["attempts"]
+    record_facts(
+        f'every attempt fails, the 502 says "{said}"',
+        status=response.status_code,
+        code=body["code"],
+        provider_calls=_calls(provider),
+        attempts_in_the_answer=len(body["attempts"]),
+        attempts_in_the_trajectory=len(generation["metadata"]["attempts"]),
+        traceback_in_the_answer="Traceback" in json.dumps(body),
+        trajectory_status=trajectory.status,
+    )
 
 
 def test_a_stream_that_fails_to_open_falls_back_and_a_garbled_stream_ends_with_an_error_event(wired, provider):
@@ -198,6 +225,15 @@ def test_a_stream_that_fails_to_open_falls_back_and_a_garbled_stream_ends_with_a
     assert decision.status == "error"
     trajectory, _ = _trajectory(wired.workspace, decision.trace_id)
     assert trajectory.status == "error"
+    record_facts(
+        "stream: fails to open, then garbled",
+        opened_status=opened.status_code,
+        opened_answered_by_the_fallback=text.strip() == provider.answer("backup"),
+        garbled_status=garbled.status_code,
+        garbled_final_error=error["code"],
+        garbled_trajectory_status=trajectory.status,
+        provider_calls=_calls(provider),
+    )
 
 
 def test_an_eval_run_whose_provider_answers_garbage_pauses_with_the_reason_and_finishes_once_it_is_back(
@@ -230,3 +266,13 @@ def test_an_eval_run_whose_provider_answers_garbage_pauses_with_the_reason_and_f
     outputs = RunSample.objects.filter(item__run=resumed).values_list("output_text", flat=True)
     assert sorted(outputs) == [provider.answer("primary")] * 4
     assert len(provider.received) == asked + 4
+    record_facts(
+        "eval run against a provider answering garbage",
+        paused_status=paused.status,
+        provider_requests_before_the_pause=asked,
+        items_errored_while_paused=paused.items_errored,
+        resumed_status=resumed.status,
+        items_done=resumed.items_done,
+        items_errored=resumed.items_errored,
+        provider_requests_after_the_resume=len(provider.received) - asked,
+    )

@@ -30,7 +30,7 @@ from django.utils import timezone
 from agent_registry import services as registry_services
 from agent_registry.tests.factories import WorkspaceFactory
 from tests.celery.processes import celery_producer, celery_start, celery_stop, process_env
-from tests.faults.traffic import wait_for
+from tests.faults.traffic import record_facts, wait_for
 from tracing import services as tracing_services
 from tracing.models import BatchStatus, IngestBatch, Trajectory
 from trainer_bridge import services
@@ -150,3 +150,14 @@ def test_an_export_whose_worker_is_killed_is_written_once_whole_by_the_next_work
     trace_ids = [trajectory["metadata"]["trace_id"] for line in lines for trajectory in line["trajectories"]]
     assert len(trace_ids) == len(set(trace_ids)) == GROUPS * PER_GROUP
     assert sorted(os.listdir(final.parent)) == [final.name]  # no other file, no leftover partial
+    record_facts(
+        "worker killed (SIGKILL) mid-export",
+        groups_total=export.groups_total,
+        groups_written_when_killed=killed.groups_done,
+        status_when_killed=killed.status,
+        resumed_status=done.status,
+        groups_in_the_file=len(lines),
+        trajectories_in_the_file=len(trace_ids),
+        trajectories_written_twice=len(trace_ids) - len(set(trace_ids)),
+        leftover_files=len(os.listdir(final.parent)) - 1,
+    )

@@ -1,9 +1,10 @@
 """What the fault tests send and the servers they stop: OTLP/JSON bodies with known trace ids, a Redis server of
-their own, free ports, waiting on a condition."""
+their own, free ports, waiting on a condition; and what they measured, for bench/bench_reliability.py."""
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import socket
 import subprocess
@@ -12,6 +13,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 SPANS_PER_TRACE = 2
+# bench/bench_reliability.py sets this to a file; each fault test appends what it measured there.
+FACTS_FILE_VARIABLE = "KEEL_RELIABILITY_FACTS"
+
+
+def record_facts(name: str, **facts: object) -> None:
+    """Append one JSON line, `{"test": <pytest node id>, "name": name, "facts": facts}`, to the file named by
+    KEEL_RELIABILITY_FACTS; nothing at all when it is unset (a plain test run). A test that runs processes calls it
+    before its final asserts, so that the figures of a failure are reported too."""
+    path = os.environ.get(FACTS_FILE_VARIABLE)
+    if not path:
+        return
+    # "tests/faults/test_x.py::test_y[case] (call)": pytest's own name for the test running now.
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+    with open(path, "a") as output:
+        output.write(json.dumps({"test": test, "name": name, "facts": facts}, default=str) + "\n")
 
 
 def otlp_json(trace_ids: list[str], *, agent: str = "faults-agent") -> bytes:
