@@ -310,15 +310,15 @@ def _output_guarded(plan: _Plan, result: tiers.TierResult, *, sent: bool = False
         result.finish_reason = finish_reason or result.finish_reason
 
 
-def _plan_agent(plan: _Plan, agent: Agent) -> None:
+def _plan_agent(plan: _Plan, context: selectors.GatewayAgent) -> None:
     request = plan.request
-    plan.agent = agent
-    plan.config = selectors.router_config_find(agent=agent)
+    plan.agent = agent = context.agent
+    plan.config = context.config
     pin = plan.pin
     if pin is not None and pin.prompt_version is not None:
         plan.prompt_version = pin.prompt_version
     else:
-        plan.prompt_version = selectors.production_prompt_version(agent=agent)
+        plan.prompt_version = context.production_version
     client_messages = _input_guarded(plan, agent, request.messages_json())
     variables: dict[str, Any] = {}
     if plan.prompt_version is not None:
@@ -620,7 +620,8 @@ def _plan(
     conversation_id = conversation_id or (request.metadata or {}).get("conversation_id") or ""
     model = request.model
     agent_slug = model[len(AGENT_PREFIX) :] if model.startswith(AGENT_PREFIX) else None
-    agent = selectors.gateway_agent_get(api_key=api_key, slug=agent_slug) if agent_slug else None
+    context = selectors.gateway_agent_context(api_key=api_key, slug=agent_slug) if agent_slug else None
+    agent = context.agent if context else None
     target = None if agent else selectors.gateway_target_get(workspace=api_key.workspace, alias=model)
     plan = _Plan(
         api_key=api_key,
@@ -640,9 +641,9 @@ def _plan(
         conversation_id=str(conversation_id)[:200],
         pin=pin,
     )
-    if agent is not None:
+    if context is not None:
         try:
-            _plan_agent(plan, agent)
+            _plan_agent(plan, context)
         except guarding.GuardrailBlocked as error:
             _record(plan, output=None, status="error", result=None, error=error)
             raise

@@ -1,0 +1,82 @@
+"""selectors.routing_neighbours: the agent's past requests nearest to a new one, with known outcomes, read
+in one round trip with pgvector's iterative scan in force for that statement only."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from agent_registry.tests.factories import AgentFactory
+from routing import embedding, selectors
+from routing.tests.factories import RoutingDecisionFactory
+
+
+def _decision(agent, text: str, **fields):
+    return RoutingDecisionFactory.create(
+        agent=agent,
+        workspace=agent.workspace,
+        request_text=text,
+        embedding=embedding.embed_offline(text),
+        **{"quality": 0.9, "cost_usd": Decimal("0.002"), "latency_ms": 1200, **fields},
+    )
+
+
+def _iterative_scan() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('hnsw.iterative_scan', true)")
+        row = cursor.fetchone()
+    return str(row[0]) if row else ""
+
+
+@pytest.mark.django_db
+def test_the_nearest_decisions_with_known_outcomes_of_this_agent_only(workspace, other_workspace):
+    agent = AgentFactory.create(workspace=workspace)
+    theirs = AgentFactory.create(workspace=other_workspace, slug=agent.slug)
+    _decision(agent, "I was charged twice for my trip", tier="chain", quality=0.8, cost_usd=Decimal("0.01"))
+    _decision(agent, "How do I change my email address?")
+    _decision(agent, "I was charged twice for my ride", quality=None)  # outcome unknown
+    _decision(agent, "I was charged twice for my journey", cache_hit=True)  # answered by the cache
+    _decision(theirs, "I was charged twice for my trip")  # another workspace's agent
+
+    with CaptureQueriesContext(connection) as queries:
+        neighbours = selectors.routing_neighbours(
+            agent=agent, embedding=embedding.embed_offline("I was charged twice for my trip"), limit=5
+        )
+
+    assert len(queries.captured_queries) == 1
+    assert [(n.tier, n.quality, n.cost_usd, n.latency_ms) for n in neighbours] == [
+        ("chain", 0.8, 0.01, 1200.0),
+        ("single_call", 0.9, 0.002, 1200.0),
+    ]
+    assert neighbours[0].similarity == pytest.approx(1.0)
+    assert neighbours[0].similarity > neighbours[1].similarity
+    assert _iterative_scan() == "relaxed_order"  # in force within the test's transaction
+
+
+@pytest.mark.django_db
+def test_at_most_limit_neighbours(workspace):
+    agent = AgentFactory.create(workspace=workspace)
+    for number in range(4):
+        _decision(agent, f"Where is my receipt for trip T{number}?")
+
+    neighbours = selectors.routing_neighbours(
+        agent=agent, embedding=embedding.embed_offline("Where is my receipt?"), limit=3
+    )
+
+    assert len(neighbours) == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_iterative_scan_ends_with_the_statement_outside_a_transaction(workspace):
+    agent = AgentFactory.create(workspace=workspace)
+    _decision(agent, "Where is my receipt?")
+
+    neighbours = selectors.routing_neighbours(
+        agent=agent, embedding=embedding.embed_offline("Where is my receipt?"), limit=5
+    )
+
+    assert len(neighbours) == 1
+    assert _iterative_scan() in ("off", "None")  # pgvector's default (None: its library is not loaded)
