@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -29,6 +29,14 @@ class ToolCall(BaseModel):
     function: FunctionCall
 
 
+# The content part types a user message may hold: OpenAI's, and those litellm passes on to other providers.
+# litellm refuses any other type with a bare Exception, which must be a 400 here rather than a 500 there
+# (routing/tests/test_gateway.py holds this list within litellm's own).
+USER_CONTENT_PART_TYPES = frozenset(
+    {"text", "image_url", "input_audio", "audio_url", "document", "file", "video_url", "guarded_text"}
+)
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Role
@@ -43,6 +51,15 @@ class Message(BaseModel):
         if isinstance(value, list) and not all(isinstance(part.get("type"), str) for part in value):
             raise ValueError("each content part needs a 'type'")
         return value
+
+    @model_validator(mode="after")
+    def _user_parts_are_known(self) -> Message:
+        if self.role == "user" and isinstance(self.content, list):
+            for part in self.content:
+                if part["type"] not in USER_CONTENT_PART_TYPES:
+                    known = ", ".join(sorted(USER_CONTENT_PART_TYPES))
+                    raise ValueError(f"unknown content part type {part['type']!r} in a user message (known: {known})")
+        return self
 
 
 class FunctionDefinition(BaseModel):

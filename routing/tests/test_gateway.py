@@ -264,6 +264,11 @@ def test_a_target_that_keeps_failing_cools_down(gateway):
         ({"messages": [{"role": "user", "content": "hi"}]}, 400, "invalid_request"),
         ({"model": "agent/ride-support", "messages": []}, 400, "invalid_request"),
         ({"model": "agent/ride-support", "messages": [{"role": "wizard", "content": "hi"}]}, 400, "invalid_request"),
+        (  # litellm raises a bare Exception for a part type it does not know (found by tests/badinput)
+            {"model": "fast", "messages": [{"role": "user", "content": [{"type": "", "text": ""}]}]},
+            400,
+            "invalid_request",
+        ),
         (
             {"model": "agent/ride-support", "messages": [{"role": "user", "content": "hi"}], "temperature": 9},
             400,
@@ -284,6 +289,14 @@ def test_bad_requests_get_openai_style_errors_and_store_nothing(gateway, body, s
     assert error["error"]["message"]
     assert RoutingDecision.objects.count() == 0
     assert gateway.fake.received == []
+
+
+def test_the_user_content_part_types_are_those_litellm_accepts():
+    from litellm.types.llms.openai import ValidUserMessageContentTypes
+
+    from routing.chat import USER_CONTENT_PART_TYPES
+
+    assert set(ValidUserMessageContentTypes) >= USER_CONTENT_PART_TYPES
 
 
 def test_invalid_json_and_auth_failures(gateway, api_client_for):
