@@ -36,12 +36,12 @@ from agent_registry.tests.factories import WorkspaceFactory
 from config.celery import app as keel_celery
 from evals import runs
 from evals.models import Run, RunSample, RunStatus
-from tests.celery.processes import BASE_DIR, celery_producer, celery_start, celery_stop, process_env
+from tests.celery.processes import BASE_DIR, PROCESS_TESTS, celery_producer, celery_start, celery_stop, process_env
 from tests.celery.test_eval_runs import _dispatching_to, _stub, _suite
 from tests.faults.traffic import SPANS_PER_TRACE, RedisServer, otlp_json, record_facts, trace_ids_new, wait_for
 from tracing.models import BatchStatus, IngestBatch, Span, Trajectory
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.redis]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.redis, PROCESS_TESTS]
 
 WORKER = ["worker", "-l", "info", "-c", "1", "--without-mingle", "--without-gossip"]
 QUEUE = "celery"

@@ -37,13 +37,13 @@ from django.utils import timezone
 from agent_registry import services as registry_services
 from agent_registry.tests.factories import WorkspaceFactory
 from config import embedded_postgres
-from tests.celery.processes import BASE_DIR, celery_producer, celery_start, celery_stop
+from tests.celery.processes import BASE_DIR, PROCESS_TESTS, celery_producer, celery_start, celery_stop
 from tests.celery.test_eval_runs import _agent_on_stub, _stub
 from tests.faults.traffic import SPANS_PER_TRACE, free_port, otlp_json, record_facts, trace_ids_new, wait_for
 from tracing import services as tracing_services
 from tracing.models import BatchStatus, IngestBatch, Span
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), PROCESS_TESTS]
 
 DATABASE = "keel_faults"
 REQUEST_TIMEOUT_SECONDS = 30.0  # a request without an answer by then counts as hung

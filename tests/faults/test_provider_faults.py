@@ -32,12 +32,13 @@ from evals.tests.test_runs import _suite
 from routing.models import ModelTarget, RouterConfig, RoutingDecision
 from routing.tests.conftest import gateway_agent
 from routing.tests.test_gateway import _stream_live
+from tests.celery.processes import PROCESS_TESTS
 from tests.faults.provider import Fault, FaultyProvider, FaultyProviderServer
 from tests.faults.traffic import record_facts
 from tracing import services as tracing_services
 from tracing.models import IngestBatch, Span, Trajectory
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, PROCESS_TESTS]
 
 PRIMARY_TIMEOUT_SECONDS = 2.0
 

@@ -29,14 +29,14 @@ from django.utils import timezone
 
 from agent_registry import services as registry_services
 from agent_registry.tests.factories import WorkspaceFactory
-from tests.celery.processes import celery_producer, celery_start, celery_stop, process_env
+from tests.celery.processes import PROCESS_TESTS, celery_producer, celery_start, celery_stop, process_env
 from tests.faults.traffic import record_facts, wait_for
 from tracing import services as tracing_services
 from tracing.models import BatchStatus, IngestBatch, Trajectory
 from trainer_bridge import services
 from trainer_bridge.models import Export, JobStatus
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), PROCESS_TESTS]
 
 GROUPS = 150
 PER_GROUP = 4
