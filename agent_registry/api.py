@@ -50,6 +50,7 @@ from agent_registry.schemas import (
     RequirementsVersionOut,
     RequirementsVersionSummaryOut,
     WorkspaceOut,
+    error_responses,
 )
 from config.errors import KeelError, PermissionDenied
 
@@ -58,15 +59,7 @@ langfuse_router = Router(tags=["langfuse"])
 
 READ = key_auth(Scope.READ)
 WRITE = key_auth(Scope.WRITE)
-ERRORS: dict[int, type[Schema]] = {
-    400: ErrorOut,
-    401: ErrorOut,
-    403: ErrorOut,
-    404: ErrorOut,
-    409: ErrorOut,
-    413: ErrorOut,
-    422: ErrorOut,
-}
+ERRORS = error_responses(409)
 
 
 # --- Shaping ----------------------------------------------------------------------------------

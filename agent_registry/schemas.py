@@ -15,6 +15,16 @@ class ErrorOut(Schema):
     code: str
 
 
+# The errors any API request can get: a bad or too large body, no key or a key without the scope, an unknown
+# object, invalid fields.
+COMMON_ERROR_STATUSES = (400, 401, 403, 404, 413, 422)
+
+
+def error_responses(*statuses: int) -> dict[int, type[Schema]]:
+    """The error answers an operation declares (Keel's `{"detail", "code"}`): the common ones plus `statuses`."""
+    return dict.fromkeys(sorted({*COMMON_ERROR_STATUSES, *statuses}), ErrorOut)
+
+
 class FindingOut(Schema):
     code: str
     severity: Literal["error", "warning", "info"]

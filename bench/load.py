@@ -500,9 +500,11 @@ def _retry_after_seconds(value: str | None) -> float:
 def _rejected_spans(body: bytes) -> int:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+    from tracing.otlp import DecodeError
+
     try:
         return int(ExportTraceServiceResponse.FromString(body).partial_success.rejected_spans)
-    except Exception:  # noqa: BLE001 — an answer that is not a response counts as nothing rejected
+    except DecodeError:  # an answer that is not a response counts as nothing rejected
         return 0
 
 

@@ -15,7 +15,7 @@ from ninja import Field, Query, Router, Schema, Status
 from agent_registry import selectors as registry_selectors
 from agent_registry.auth import key_auth, request_agent_ids, request_api_key, request_workspace
 from agent_registry.models import Scope
-from agent_registry.schemas import ErrorOut
+from agent_registry.schemas import error_responses
 from config.errors import PermissionDenied
 from evals import selectors, services
 from evals.models import DATASET_NAME_PATTERN, Dataset, DatasetVersion
@@ -24,15 +24,7 @@ router = Router(tags=["evals"])
 
 READ = key_auth(Scope.READ)
 WRITE = key_auth(Scope.WRITE)
-ERRORS: dict[int, type[Schema]] = {
-    400: ErrorOut,
-    401: ErrorOut,
-    403: ErrorOut,
-    404: ErrorOut,
-    409: ErrorOut,
-    413: ErrorOut,
-    422: ErrorOut,
-}
+ERRORS = error_responses(409)
 _MEDIA_TYPES = {"jsonl": "application/x-ndjson", "csv": "text/csv"}
 
 

@@ -16,7 +16,7 @@ from ninja import Field, Query, Router, Schema, Status
 from agent_registry import selectors as registry_selectors
 from agent_registry.auth import key_auth, request_agent_ids, request_api_key, request_workspace
 from agent_registry.models import Agent, PromptVersion, Scope
-from agent_registry.schemas import ErrorOut
+from agent_registry.schemas import error_responses
 from config.errors import NotFound, PermissionDenied, Unavailable, ValidationFailed
 from evals import evaluators, gym, interchange, online, runs, selectors, services
 from evals.models import (
@@ -37,16 +37,7 @@ router = Router(tags=["eval suites"])
 
 READ = key_auth(Scope.READ)
 WRITE = key_auth(Scope.WRITE)
-ERRORS: dict[int, type[Schema]] = {
-    400: ErrorOut,
-    401: ErrorOut,
-    403: ErrorOut,
-    404: ErrorOut,
-    409: ErrorOut,
-    413: ErrorOut,
-    422: ErrorOut,
-    503: ErrorOut,
-}
+ERRORS = error_responses(409, 503)
 
 
 # --- Schemas --------------------------------------------------------------------------------------------

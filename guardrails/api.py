@@ -25,7 +25,7 @@ from agent_registry import ratelimit
 from agent_registry import selectors as registry_selectors
 from agent_registry.auth import api_key_authenticate, key_auth, request_agent_ids, request_api_key, request_workspace
 from agent_registry.models import Agent, ApiKey, Scope
-from agent_registry.schemas import ErrorOut
+from agent_registry.schemas import error_responses
 from config.errors import PermissionDenied, ValidationFailed
 from config.json_body import json_body_loads
 from guardrails import boundary, budgets, exceptions, selectors, services
@@ -73,15 +73,7 @@ class GatewayOrWrite(HttpBearer):
 READ = key_auth(Scope.READ)
 WRITE = key_auth(Scope.WRITE)
 CHECK = [GatewayOrWrite()]
-ERRORS: dict[int, type[Schema]] = {
-    400: ErrorOut,
-    401: ErrorOut,
-    403: ErrorOut,
-    404: ErrorOut,
-    409: ErrorOut,
-    413: ErrorOut,
-    422: ErrorOut,
-}
+ERRORS = error_responses(409)
 
 
 def _agent(request: HttpRequest, slug: str) -> Agent:

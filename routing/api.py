@@ -13,12 +13,12 @@ from typing import Any
 
 from django.http import HttpRequest
 from django.utils import timezone
-from ninja import Query, Router, Schema, Status
+from ninja import Query, Router, Status
 
 from agent_registry import selectors as registry_selectors
 from agent_registry.auth import key_auth, request_agent_ids, request_api_key, request_workspace
 from agent_registry.models import Agent, Scope
-from agent_registry.schemas import ErrorOut
+from agent_registry.schemas import error_responses
 from config.errors import PermissionDenied
 from routing import reports, services
 from routing.models import AgentTool, ChainStep, Handoff, ModelTarget, RouterConfig, RoutingDecision, ShadowRun
@@ -46,15 +46,7 @@ router = Router(tags=["routing"])
 
 READ = key_auth(Scope.READ)
 WRITE = key_auth(Scope.WRITE)
-ERRORS: dict[int, type[Schema]] = {
-    400: ErrorOut,
-    401: ErrorOut,
-    403: ErrorOut,
-    404: ErrorOut,
-    409: ErrorOut,
-    413: ErrorOut,
-    422: ErrorOut,
-}
+ERRORS = error_responses(409)
 
 
 # --- Shaping ----------------------------------------------------------------------------------------

@@ -197,7 +197,7 @@ def gateway_agent_context(*, api_key: ApiKey, slug: str) -> GatewayAgent:
             return GatewayAgent(
                 agent=agent,
                 config=_router_config(agent, row[count + 3 :]),
-                production_version=_prompt_version(agent, version_id),  # type: ignore[arg-type]
+                production_version=_prompt_version(agent, version_id if isinstance(version_id, int) else None),
             )
     raise ModelNotFound(f"there is no agent {slug!r} this key may call (model 'agent/{slug}')")
 

@@ -18,7 +18,7 @@ from ninja import Body, Field, Query, Router, Schema, Status
 from agent_registry import selectors as registry_selectors
 from agent_registry.auth import key_auth, request_agent_ids, request_api_key, request_workspace
 from agent_registry.models import Scope
-from agent_registry.schemas import ErrorOut
+from agent_registry.schemas import ErrorOut, error_responses
 from tracing import replay, selectors, services
 from tracing.exceptions import TrajectoryListInvalid
 from tracing.models import Replay, Score, Trajectory
@@ -28,15 +28,7 @@ router = Router(tags=["tracing"])
 READ = key_auth(Scope.READ)
 WRITE = key_auth(Scope.WRITE)
 INGEST = key_auth(Scope.INGEST)
-ERRORS: dict[int, type[Schema]] = {
-    400: ErrorOut,
-    401: ErrorOut,
-    403: ErrorOut,
-    404: ErrorOut,
-    413: ErrorOut,
-    422: ErrorOut,
-    503: ErrorOut,
-}
+ERRORS = error_responses(503)
 
 
 class ScoreOut(Schema):

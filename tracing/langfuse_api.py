@@ -10,18 +10,11 @@ from ninja import Field, Router, Schema, Status
 
 from agent_registry.auth import key_auth, request_api_key, request_workspace
 from agent_registry.models import Scope
-from agent_registry.schemas import ErrorOut
+from agent_registry.schemas import error_responses
 from tracing import langfuse_bridge, selectors
 
 router = Router(tags=["langfuse mirror"])
-ERRORS: dict[int, type[Schema]] = {
-    400: ErrorOut,
-    401: ErrorOut,
-    403: ErrorOut,
-    404: ErrorOut,
-    413: ErrorOut,
-    422: ErrorOut,
-}
+ERRORS = error_responses()
 
 
 class LangfuseMirrorIn(Schema):

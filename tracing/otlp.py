@@ -52,7 +52,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 # protobuf ships no type information and the project has no stubs for it; importing the module by name
 # keeps mypy strict about everything else while still catching exactly the parser's own error.
-_DecodeError: type[Exception] = importlib.import_module("google.protobuf.message").DecodeError
+DecodeError: type[Exception] = importlib.import_module("google.protobuf.message").DecodeError
 
 # --- Public vocabulary -------------------------------------------------------------------------------
 
@@ -374,7 +374,7 @@ def _pb_attributes(items: Any, limit: int, truncated: dict[str, int] | None) -> 
 def _parse_protobuf(body: bytes) -> Any:
     try:
         return _PbExportRequest.FromString(body)
-    except _DecodeError as error:
+    except DecodeError as error:
         raise MalformedPayload("the body is not a valid OTLP ExportTraceServiceRequest protobuf message") from error
 
 

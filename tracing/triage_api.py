@@ -13,7 +13,7 @@ from ninja import Field, Query, Router, Schema, Status
 from agent_registry import selectors as registry_selectors
 from agent_registry.auth import key_auth, request_agent_ids, request_api_key, request_workspace
 from agent_registry.models import Scope
-from agent_registry.schemas import ErrorOut
+from agent_registry.schemas import error_responses
 from config.errors import PermissionDenied
 from tracing import otlp_export, sampling, selectors, signals, triage, triage_config
 from tracing.models import ReviewItem, ReviewSample, TriageSettings
@@ -23,14 +23,7 @@ router = Router(tags=["triage"])
 
 READ = key_auth(Scope.READ)
 WRITE = key_auth(Scope.WRITE)
-ERRORS: dict[int, type[Schema]] = {
-    400: ErrorOut,
-    401: ErrorOut,
-    403: ErrorOut,
-    404: ErrorOut,
-    413: ErrorOut,
-    422: ErrorOut,
-}
+ERRORS = error_responses()
 
 
 # --- Triage settings ------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from ninja import Field, Router, Schema, Status
 from agent_registry import audit
 from agent_registry.auth import key_auth, request_agent_ids, request_api_key, request_workspace
 from agent_registry.models import AuditAction, Scope
-from agent_registry.schemas import ErrorOut
+from agent_registry.schemas import error_responses
 from config.errors import PermissionDenied
 from trainer_bridge import jobs, services
 from trainer_bridge.models import NAME_PATTERN, Curation, Export, TrainingJob
@@ -29,15 +29,7 @@ router = Router(tags=["training"])
 READ = key_auth(Scope.READ)
 WRITE = key_auth(Scope.WRITE)
 TRAIN = key_auth(Scope.TRAIN)
-ERRORS: dict[int, type[Schema]] = {
-    400: ErrorOut,
-    401: ErrorOut,
-    403: ErrorOut,
-    404: ErrorOut,
-    409: ErrorOut,
-    413: ErrorOut,
-    422: ErrorOut,
-}
+ERRORS = error_responses(409)
 FORMATS = Literal["art", "trl_sft", "trl_dpo", "trl_kto", "openai", "nemo_gym"]
 
 

@@ -28,6 +28,7 @@ from tracing import otlp, selectors
 from tracing import services as tracing_services
 from tracing.models import IngestBatch
 from tracing.tests.conftest import otlp_json_document
+from tracing.tests.test_otlp_fuzz import MUTATION, mutate
 
 pytestmark = pytest.mark.django_db
 
@@ -157,30 +158,6 @@ def _assert_stored_as_sent(workspace: Any, items: list[PbSpan]) -> None:
             attribute.key.replace("\x00", "\ufffd"): expected(attribute.value) for attribute in sent.attributes
         }
     assert stored == {}
-
-
-MUTATION = st.tuples(
-    st.sampled_from(["flip", "set", "delete", "insert", "truncate"]), st.integers(0, 10**6), st.integers(0, 255)
-)
-
-
-def mutate(data: bytes, mutations: list[tuple[str, int, int]]) -> bytes:
-    buffer = bytearray(data)
-    for operation, position, byte in mutations:
-        if not buffer:
-            break
-        at = position % len(buffer)
-        if operation == "flip":
-            buffer[at] ^= 1 << (byte % 8)
-        elif operation == "set":
-            buffer[at] = byte
-        elif operation == "delete":
-            del buffer[at]
-        elif operation == "insert":
-            buffer.insert(at, byte)
-        else:
-            del buffer[at:]
-    return bytes(buffer)
 
 
 @fuzz(60)

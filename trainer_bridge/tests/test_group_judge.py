@@ -30,15 +30,12 @@ def _judge_calls(llm: FakeGatewayLLM) -> int:
     return sum("group_scores" in json.dumps(call.params.get("response_format") or {}) for call in llm.received)
 
 
-def test_the_group_judge_is_asked_once_per_group_across_previews_and_the_export(
-    gateway: Gateway,  # noqa: F811
-    run: Any,  # noqa: F811
-    fake: FakeGatewayLLM,  # noqa: F811
-) -> None:
+def _judged_curation(gateway: Gateway, run: Any) -> Any:  # noqa: F811
+    """The run's groups, rewarded by a RULER-style group judge on the `fast` target."""
     eval_services.evaluator_create(
         workspace=gateway.workspace, name="ruler", config={"type": "group_judge", "model": "fast"}
     )
-    curation = services.curation_create(
+    return services.curation_create(
         workspace=gateway.workspace,
         name="judged",
         query={"runs": [run.pk]},
@@ -46,6 +43,14 @@ def test_the_group_judge_is_asked_once_per_group_across_previews_and_the_export(
         reward={"source": "group_judge", "evaluator": "ruler"},
         filters={"dedupe": False},
     )
+
+
+def test_the_group_judge_is_asked_once_per_group_across_previews_and_the_export(
+    gateway: Gateway,  # noqa: F811
+    run: Any,  # noqa: F811
+    fake: FakeGatewayLLM,  # noqa: F811
+) -> None:
+    curation = _judged_curation(gateway, run)
     fake.script("fast", *[_judge_reply() for _ in range(4)])
     before = _judge_calls(fake)
 
@@ -70,17 +75,7 @@ def test_a_judge_that_errs_is_asked_again_next_time(
     run: Any,  # noqa: F811
     fake: FakeGatewayLLM,  # noqa: F811
 ) -> None:
-    eval_services.evaluator_create(
-        workspace=gateway.workspace, name="ruler", config={"type": "group_judge", "model": "fast"}
-    )
-    curation = services.curation_create(
-        workspace=gateway.workspace,
-        name="judged",
-        query={"runs": [run.pk]},
-        grouping="dataset_item",
-        reward={"source": "group_judge", "evaluator": "ruler"},
-        filters={"dedupe": False},
-    )
+    curation = _judged_curation(gateway, run)
     fake.script("fast", *[say("not json") for _ in range(20)])  # more than the judge's retries use
 
     unread = services.curation_preview(workspace=gateway.workspace, snapshot=services.curation_snapshot(curation))
