@@ -676,6 +676,7 @@ def _ingest_drained(worker: Worker, timeout: float) -> float:
     from tracing.models import IngestBatch
 
     started = time.perf_counter()
+    time.sleep(0.25)  # the web process writes a request's record up to KEEL_WRITE_BEHIND_HOLD_MS after answering
     unfinished = IngestBatch.objects.filter(status__in=("pending", "processing"))
     last_count, last_change = -1, started
     while time.perf_counter() - started < timeout:
@@ -825,9 +826,10 @@ def _report_http(report: Report, figures: HttpFigures) -> None:
         f"Stub latency {STUB_LATENCY_MS:g} ms. Each kind's requests ran in interleaved blocks; only answered "
         'requests (200, and for agents the single-call tier) count. "Outside the provider" is each request\'s '
         "time less the stub's own receive-to-answer time for it: the caller's, litellm's and (through the "
-        "gateway) Keel's work plus both loopback hops. Keel's web and worker were running; the worker's "
-        "backlog was drained after each gateway block (so it ran during gateway blocks, as in production, "
-        "and never during a direct one)."
+        "gateway) Keel's work plus both loopback hops. Keel's web and worker were running; the web process "
+        "wrote each request's record after answering (its write-behind thread, as `make run` runs it), and the "
+        "worker's backlog was drained after each gateway block (so it ran during gateway blocks, as in "
+        "production, and never during a direct one)."
     )
     report.line()
     rows = []
@@ -937,6 +939,7 @@ STAGES = (
     ("routing.providers", "completion"),
     ("litellm", "completion"),
     ("routing.gateway", "_record"),
+    ("routing.gateway", "_store"),
     ("tracing.services", "ingest_spans_accept"),
     ("routing.gateway", "_answer"),
 )
@@ -1058,8 +1061,10 @@ def _inprocess(report: Report, fixtures: Fixtures, count: int) -> None:
         "auth, the view; no HTTP server), each stage timed by wrapping its module function; only requests "
         f"answered by the single-call tier count (tiers: {dict(tiers.most_common())}). The stages nest: `_plan` "
         "holds `_policy`, `request_embed`, `routing_neighbours`, `route` and `_decision_span`; "
-        "`providers.completion` holds `litellm.completion`, which holds the stub's 20 ms; `_record` holds "
-        "`ingest_spans_accept`."
+        "`providers.completion` holds `litellm.completion`, which holds the stub's 20 ms. `_record` closes "
+        "the trace and hands the writes to the write-behind thread (config/write_behind.py), as `make run` "
+        "does; `_store` (the decision and the spans, in one transaction) holds `ingest_spans_accept`, and "
+        "both are timed in that thread while the requests go on, so they are not part of Keel's own time."
     )
     report.line()
     rows: list[list[object]] = [

@@ -2,9 +2,10 @@
 
 For `model: "agent/<slug>"` the agent's production prompt is applied, the router picks a tier from the
 agent's requirements (derived configuration) and router settings, the semantic cache may answer, the tier
-runs, and a `RoutingDecision` plus the request's spans are stored before the answer leaves: every
-request, failed ones included, becomes a trajectory. Any other `model` names a model target alias, which
-is proxied as one recorded call.
+runs, and a `RoutingDecision` plus the request's spans are stored: every request, failed ones included,
+becomes a trajectory. The HTTP view has them stored after the answer has left, by the process's
+write-behind thread (config/write_behind.py); Keel's own callers have them stored before it returns.
+Any other `model` names a model target alias, which is proxied as one recorded call.
 
 Precondition for both entry points: the key has the `gateway` scope (the HTTP layer checks it).
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -24,7 +25,7 @@ from django.db import transaction
 
 from agent_registry import prompts
 from agent_registry.models import Agent, ApiKey, PromptType, PromptVersion
-from config import dispatch
+from config import dispatch, write_behind
 from config.errors import KeelError, ValidationFailed
 from routing import cache, guarding, hooks, providers, router, selectors, tiers
 from routing.chat import ChatCompletionRequest, chunk_body, completion_body
@@ -38,6 +39,7 @@ from routing.models import (
     TierChoice,
 )
 from routing.recording import TraceRecorder, trace_id_new
+from tracing import otlp
 from tracing import services as tracing_services
 
 logger = logging.getLogger("routing.gateway")
@@ -113,6 +115,7 @@ class _Plan:
     violations: list[dict[str, Any]] = field(default_factory=list)  # what the guardrails found, for the answer
     pseudonyms: dict[str, str] = field(default_factory=dict)  # the input's pseudonyms -> what they stand for
     pin: Pin | None = None
+    record_behind: bool = False  # the record is written after the answer (config/write_behind.py)
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -409,8 +412,11 @@ def _record(
     result: tiers.TierResult | None,
     error: KeelError | None = None,
     cache_hit: bool = False,
-) -> RoutingDecision | None:
-    """Store the decision and the request's spans in one transaction; returns the decision."""
+    after: Sequence[Callable[[RoutingDecision | None], None]] = (),
+) -> None:
+    """Close the request's trace and store it with its decision, then run each of `after` with the decision
+    row: once the answer has gone out when the plan says so (`record_behind`), else before returning. Each
+    is a step of its own for the write-behind thread, retried alone if the database goes away."""
     decision = plan.decision
     tags = ["gateway"]
     metadata: dict[str, Any] = {"model": plan.request.model}
@@ -440,6 +446,33 @@ def _record(
         metadata=metadata,
     )
     latency_ms = int((time.perf_counter() - plan.started) * 1000)
+    stored: list[RoutingDecision | None] = []
+
+    def store() -> None:
+        stored.append(_store(plan, spans, ok=status == "ok", result=result, cache_hit=cache_hit, latency_ms=latency_ms))
+
+    def with_row(then: Callable[[RoutingDecision | None], None]) -> Callable[[], None]:
+        return lambda: then(stored[0])
+
+    steps = [store, *map(with_row, after)]
+    if plan.record_behind:
+        write_behind.writer.submit(*steps)
+    else:
+        for step in steps:
+            step()
+
+
+def _store(
+    plan: _Plan,
+    spans: list[otlp.Span],
+    *,
+    ok: bool,
+    result: tiers.TierResult | None,
+    cache_hit: bool,
+    latency_ms: int,
+) -> RoutingDecision | None:
+    """Store the decision and the request's spans in one transaction; returns the decision."""
+    decision = plan.decision
     with transaction.atomic():
         row = None
         if plan.agent is not None and decision is not None and plan.pin is None:
@@ -459,7 +492,7 @@ def _record(
                 reason=decision.reason,
                 decision_us=int(decision.features.get("router_us", 0)),
                 cache_hit=cache_hit,
-                status=OutcomeStatus.OK if status == "ok" else OutcomeStatus.ERROR,
+                status=OutcomeStatus.OK if ok else OutcomeStatus.ERROR,
                 latency_ms=latency_ms,
                 cost_usd=None if cost is None else Decimal(str(cost)),
             )
@@ -615,7 +648,12 @@ def _cache_store_maybe(plan: _Plan, result: tiers.TierResult) -> None:
 
 
 def _plan(
-    *, api_key: ApiKey, request: ChatCompletionRequest, conversation_id: str, pin: Pin | None = None
+    *,
+    api_key: ApiKey,
+    request: ChatCompletionRequest,
+    conversation_id: str,
+    pin: Pin | None = None,
+    record_behind: bool = False,
 ) -> tuple[_Plan, ModelTarget | None]:
     conversation_id = conversation_id or (request.metadata or {}).get("conversation_id") or ""
     model = request.model
@@ -640,6 +678,7 @@ def _plan(
         ),
         conversation_id=str(conversation_id)[:200],
         pin=pin,
+        record_behind=record_behind,
     )
     if context is not None:
         try:
@@ -684,10 +723,11 @@ def _execute(plan: _Plan, target: ModelTarget | None) -> tuple[dict[str, Any], t
 
 def _settle(plan: _Plan, result: tiers.TierResult, *, cache_hit: bool = False) -> None:
     """After an answer: record the request, keep the answer in the cache, and maybe shadow it."""
-    row = _record(plan, output=[result.message], status=result.status, result=result, cache_hit=cache_hit)
+
+    after = [lambda row: _shadow_maybe(plan, row, result)]
     if not cache_hit:
-        _cache_store_maybe(plan, result)  # stores only a finished, successful answer
-    _shadow_maybe(plan, row, result)
+        after.insert(0, lambda row: _cache_store_maybe(plan, result))  # only a finished, successful answer
+    _record(plan, output=[result.message], status=result.status, result=result, cache_hit=cache_hit, after=after)
 
 
 def _tool_calls(result: tiers.TierResult) -> list[dict[str, Any]]:
@@ -701,12 +741,22 @@ def _tool_calls(result: tiers.TierResult) -> list[dict[str, Any]]:
 
 
 def chat_completion(
-    *, api_key: ApiKey, request: ChatCompletionRequest, conversation_id: str = "", pin: Pin | None = None
+    *,
+    api_key: ApiKey,
+    request: ChatCompletionRequest,
+    conversation_id: str = "",
+    pin: Pin | None = None,
+    record_behind: bool = False,
 ) -> GatewayAnswer:
     """Serve one non-streamed chat request. Raises KeelError subclasses (404 unknown model, 422 missing
-    prompt variables, 409 tier not configured, 502 provider failed) after recording the failure."""
+    prompt variables, 409 tier not configured, 502 provider failed) after recording the failure.
+
+    The request's record is stored before this returns, unless `record_behind`: then the process's
+    write-behind thread stores it after the caller has its answer (the HTTP view's choice)."""
     with hooks.request_scope():
-        plan, target = _plan(api_key=api_key, request=request, conversation_id=conversation_id, pin=pin)
+        plan, target = _plan(
+            api_key=api_key, request=request, conversation_id=conversation_id, pin=pin, record_behind=record_behind
+        )
         body, result = _execute(plan, target)
     cost = result.cost_usd
     return GatewayAnswer(
@@ -753,7 +803,7 @@ def _stream_whole(body: dict[str, Any]) -> Iterator[bytes]:
 
 
 def chat_completion_stream(
-    *, api_key: ApiKey, request: ChatCompletionRequest, conversation_id: str = ""
+    *, api_key: ApiKey, request: ChatCompletionRequest, conversation_id: str = "", record_behind: bool = False
 ) -> tuple[str, Iterator[bytes]]:
     """Serve a streamed chat request as server-sent events; returns the trace id and the event stream.
 
@@ -762,7 +812,7 @@ def chat_completion_stream(
     `chat_completion`; a provider that cuts the stream ends it with an error event, and the request is
     recorded either way.
     """
-    plan, target = _plan(api_key=api_key, request=request, conversation_id=conversation_id)
+    plan, target = _plan(api_key=api_key, request=request, conversation_id=conversation_id, record_behind=record_behind)
     decision = plan.decision
     # An answer that an output check may block or redact is sent once it has passed, as a whole.
     streams_live = target is not None or (

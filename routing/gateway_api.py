@@ -118,13 +118,21 @@ def chat_completions_api(request: HttpRequest) -> HttpResponse | StreamingHttpRe
     try:
         if chat.stream:
             trace_id, events = gateway.chat_completion_stream(
-                api_key=api_key, request=chat, conversation_id=conversation_id
+                api_key=api_key,
+                request=chat,
+                conversation_id=conversation_id,
+                record_behind=settings.KEEL_GATEWAY_RECORD_BEHIND,
             )
             stream = StreamingHttpResponse(events, content_type="text/event-stream")
             stream["Cache-Control"] = "no-cache"
             stream["X-Keel-Trace-Id"] = trace_id
             return stream
-        answer = gateway.chat_completion(api_key=api_key, request=chat, conversation_id=conversation_id)
+        answer = gateway.chat_completion(
+            api_key=api_key,
+            request=chat,
+            conversation_id=conversation_id,
+            record_behind=settings.KEEL_GATEWAY_RECORD_BEHIND,
+        )
     except KeelError as error:
         return _keel_error(error)
     except DatabaseError:

@@ -26,7 +26,7 @@ from django.db.models import F
 from django.utils import timezone
 from openai import OpenAIError
 
-from config import crypto
+from config import crypto, write_behind
 from config.errors import KeelError
 from config.redact import redact
 from routing import demo_provider
@@ -314,7 +314,8 @@ def completion(
     for candidate in _tries(target, single_attempt=single_attempt):
         started = time.time_ns()
         try:
-            response = litellm.completion(**_request(candidate, messages, parameters))
+            with write_behind.writer.waiting_on_io():
+                response = litellm.completion(**_request(candidate, messages, parameters))
         except _PROVIDER_ERRORS as error:
             _attempt_failed(candidate, error, attempts)
             continue

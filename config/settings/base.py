@@ -41,6 +41,12 @@ KEEL_MODEL_TARGETS = env_str("KEEL_MODEL_TARGETS")
 # The demo's fake model provider (routing/demo_provider.py) serves targets named `keel-demo/...`, so the
 # demo gateway answers with no model server; off in production.
 KEEL_DEMO_PROVIDER = env_bool("KEEL_DEMO_PROVIDER", True)
+# The gateway's record of each request (routing decision, spans, cache entry, shadow run) is written by a
+# thread after the answer has gone out (config/write_behind.py); off, the answer waits for it.
+KEEL_GATEWAY_RECORD_BEHIND = env_bool("KEEL_GATEWAY_RECORD_BEHIND", True)
+KEEL_WRITE_BEHIND_QUEUE_SIZE = env_int("KEEL_WRITE_BEHIND_QUEUE_SIZE", 1000)
+KEEL_WRITE_BEHIND_EXIT_SECONDS = env_int("KEEL_WRITE_BEHIND_EXIT_SECONDS", 8)
+KEEL_WRITE_BEHIND_HOLD_MS = env_int("KEEL_WRITE_BEHIND_HOLD_MS", 50)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
