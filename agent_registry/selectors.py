@@ -9,7 +9,9 @@ import json
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 
+from django.db import connection
 from django.db.models import Count, F, Max, Prefetch, Q, QuerySet
 
 from agent_registry import exceptions, requirements
@@ -83,6 +85,40 @@ def apikey_get(*, workspace: Workspace, key_id: int, agent_ids: AgentIds = None)
     api_key = _apikeys_within(workspace=workspace, agent_ids=agent_ids).filter(pk=key_id).first()
     if api_key is None:
         raise exceptions.ApiKeyNotFound(f"no API key {key_id}")
+    return api_key
+
+
+@lru_cache(maxsize=1)
+def _live_key_statement() -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    key_fields = ApiKey._meta.concrete_fields
+    workspace_fields = Workspace._meta.concrete_fields
+    quote = connection.ops.quote_name
+    columns = [f"k.{quote(str(field.column))}" for field in key_fields]
+    columns += [f"w.{quote(str(field.column))}" for field in workspace_fields]
+    sql = (
+        f"SELECT {', '.join(columns)} FROM {quote(ApiKey._meta.db_table)} k"
+        f" JOIN {quote(Workspace._meta.db_table)} w ON w.id = k.{quote('workspace_id')}"
+        " WHERE k.prefix = %s AND k.revoked_at IS NULL LIMIT 1"
+    )
+    return sql, tuple(field.attname for field in key_fields), tuple(field.attname for field in workspace_fields)
+
+
+def apikey_live_by_prefix(*, prefix: str) -> ApiKey | None:
+    """The unrevoked key with `prefix`, its workspace read with it: what
+    `ApiKey.objects.select_related("workspace").filter(prefix=..., revoked_at__isnull=True).first()` returns.
+
+    Every authenticated request reads this, so the statement is written once per process rather than built
+    by the ORM each time (0.94 ms against 0.35 ms on the benchmark machine). Neither model has a field that
+    converts what the database sends; test_apikey_live_by_prefix_reads_what_the_orm_reads holds that."""
+    sql, key_fields, workspace_fields = _live_key_statement()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [prefix])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    api_key = ApiKey.from_db(connection.alias, list(key_fields), list(row[: len(key_fields)]))
+    workspace = Workspace.from_db(connection.alias, list(workspace_fields), list(row[len(key_fields) :]))
+    ApiKey.workspace.field.set_cached_value(api_key, workspace)
     return api_key
 
 

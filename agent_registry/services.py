@@ -152,11 +152,7 @@ def apikey_authenticate(*, raw_key: str) -> ApiKey | None:
     parts = raw_key.split("_", 2)
     if len(parts) != 3 or parts[0] != API_KEY_PREFIX:
         return None
-    api_key = (
-        ApiKey.objects.select_related("workspace")
-        .filter(prefix=f"{parts[0]}_{parts[1]}", revoked_at__isnull=True)
-        .first()
-    )
+    api_key = selectors.apikey_live_by_prefix(prefix=f"{parts[0]}_{parts[1]}")
     if api_key is None or not hmac.compare_digest(api_key.key_hash, _key_hash(raw_key)):
         return None
     now = timezone.now()
