@@ -663,6 +663,7 @@ class Worker:
             [str(stack.BIN / "celery"), "-A", "config", "worker", "-l", "warning", "-c", concurrency],
             self.environment,
             log,
+            nice=stack.worker_nice(self.environment),
         )
 
 

@@ -13,6 +13,7 @@ duplicate (no-op) messages to a benchmark's backlog.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -145,7 +146,9 @@ class Processes:
 
     children: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
 
-    def start(self, name: str, argv: list[str], environment: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
+    def start(
+        self, name: str, argv: list[str], environment: Mapping[str, str], log: Path, *, nice: int = 0
+    ) -> subprocess.Popen[bytes]:
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as output:
             process = subprocess.Popen(
@@ -155,6 +158,7 @@ class Processes:
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=functools.partial(os.nice, nice) if nice else None,
             )
         self.children.append((name, process))
         return process
@@ -196,6 +200,11 @@ def keel_migrate(environment: Mapping[str, str]) -> None:
     )
 
 
+def worker_nice(environment: Mapping[str, str]) -> int:
+    """The worker's niceness as `make run` sets it (config/run.py)."""
+    return int(environment.get("KEEL_WORKER_NICE", "10"))
+
+
 @contextlib.contextmanager
 def keel_running(environment: Mapping[str, str], port: int, tag: str) -> Iterator[Processes]:
     """Keel's web and worker, as `make run` starts them, for the time of the block."""
@@ -230,6 +239,7 @@ def keel_running(environment: Mapping[str, str], port: int, tag: str) -> Iterato
             [str(BIN / "celery"), "-A", "config", "worker", "-l", "warning", "-c", concurrency],
             environment,
             LOG_DIR / f"{tag}-worker.log",
+            nice=worker_nice(environment),
         )
         if not wait_for_http(port, "/api/v1/openapi.json", timeout=60):
             raise RuntimeError(f"Keel's web server did not answer on port {port}; see {LOG_DIR}")

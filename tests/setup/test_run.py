@@ -38,6 +38,18 @@ def _read_until(process: subprocess.Popen[str], needle: str, timeout: float) -> 
     raise AssertionError(f"{needle!r} never appeared; the supervisor printed:\n" + "\n".join(lines[-40:]))
 
 
+def _command(pid: str) -> str:
+    """web, worker or beat: what a child of `make run` is, from its command line."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return "web" if any(b"gunicorn" in part for part in argv) else argv[argv.index(b"config") + 1].decode()
+
+
+def _niceness(pid: str) -> int:
+    # /proc/<pid>/stat: the command is in parentheses; niceness is the 19th field.
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[16])
+
+
 def test_make_run_serves_keel_and_ctrl_c_stops_every_process():
     port = _free_port()
     env = {
@@ -65,6 +77,9 @@ def test_make_run_serves_keel_and_ctrl_c_stops_every_process():
             assert b"Keel" in response.read()
         children = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()
         assert len(children) == 3  # web, the Celery worker, beat
+        # The worker runs KEEL_WORKER_NICE (10) nicer than the rest, so the web answers first.
+        niceness = {_command(pid): _niceness(pid) for pid in children}
+        assert niceness["worker"] == niceness["web"] + 10 == niceness["beat"] + 10
 
         process.send_signal(signal.SIGINT)
         rest = _read_until(process, "stopped", timeout=60)
