@@ -20,7 +20,8 @@ run again when a later one of the same unit fails.
 The thread shares the process's interpreter lock with the requests. Its writes are mostly Python, so the
 thread waits, before each unit, for a moment when a request of this process is waiting on something slow
 (`waiting_on_io`: the gateway marks its model calls), and takes that time rather than a request's. It
-waits at most `KEEL_WRITE_BEHIND_HOLD_MS`: with no such moment, the unit runs anyway.
+waits at most `KEEL_WRITE_BEHIND_HOLD_MS`: with no such moment, the unit runs anyway. Only a unit with
+none queued behind it waits; a backlog is written straight away.
 """
 
 from __future__ import annotations
@@ -121,7 +122,9 @@ class WriteBehind:
     def _run(self) -> None:
         while True:
             steps = self._queue.get()
-            if self.hold_seconds:
+            if self.hold_seconds and self._queue.empty():
+                # A unit alone waits for a good moment; a backlog is written at once (the hold would cap
+                # the thread at one unit per hold when no request ever waits on a model).
                 self._io_waiting.wait(self.hold_seconds)
             try:
                 for step in steps:

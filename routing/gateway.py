@@ -723,10 +723,10 @@ def _execute(plan: _Plan, target: ModelTarget | None) -> tuple[dict[str, Any], t
 
 def _settle(plan: _Plan, result: tiers.TierResult, *, cache_hit: bool = False) -> None:
     """After an answer: record the request, keep the answer in the cache, and maybe shadow it."""
-
-    after = [lambda row: _shadow_maybe(plan, row, result)]
+    after: list[Callable[[RoutingDecision | None], None]] = []
     if not cache_hit:
-        after.insert(0, lambda row: _cache_store_maybe(plan, result))  # only a finished, successful answer
+        after.append(lambda row: _cache_store_maybe(plan, result))  # only a finished, successful answer
+    after.append(lambda row: _shadow_maybe(plan, row, result))
     _record(plan, output=[result.message], status=result.status, result=result, cache_hit=cache_hit, after=after)
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from django.db import OperationalError
@@ -101,6 +103,28 @@ def test_a_unit_waits_for_a_request_to_be_waiting_on_io_but_no_longer_than_the_h
     done_anyway = threading.Event()
     short.submit(done_anyway.set)
     assert done_anyway.wait(5)  # with no such moment it runs once the hold is over
+
+
+def test_a_backlog_is_written_without_waiting_for_such_moments():
+    writer = WriteBehind(size=100, exit_seconds=5, hold_seconds=60)
+    taken, gate = threading.Event(), threading.Event()
+    with writer.waiting_on_io():
+        writer.submit(taken.set, gate.wait)
+        assert taken.wait(5)
+    done: list[int] = []
+    for number in range(20):
+        writer.submit(functools.partial(done.append, number))
+    gate.set()
+
+    # Nobody waits on a provider now; only the last unit, alone in the queue, holds back.
+    for _ in range(100):
+        if len(done) >= 19:
+            break
+        time.sleep(0.05)
+    assert done == list(range(19))
+    with writer.waiting_on_io():
+        assert writer.drain(5) == 0
+    assert done == list(range(20))
 
 
 def test_a_forked_process_starts_its_own_thread_and_queue():
