@@ -18,6 +18,18 @@ from config.write_behind import WriteBehind
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _python(script: str) -> subprocess.CompletedProcess[str]:
+    """`script` in a Python process of its own, with Keel's settings importable."""
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def _writer(size: int = 10) -> WriteBehind:
     return WriteBehind(size=size, exit_seconds=5, pauses=(0.001,))
 
@@ -160,14 +172,7 @@ for number in range(20):
     writer.submit(lambda number=number: write(number))
 print("submitted", writer.waiting())
 """
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = _python(script)
 
     assert result.returncode == 0, result.stderr
     assert int(result.stdout.split()[1]) > 0  # the process ended with writes still waiting...
@@ -184,14 +189,7 @@ writer = WriteBehind(size=10, exit_seconds=0.2)
 writer.submit(threading.Event().wait)
 writer.submit(lambda: None)
 """
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = _python(script)
 
     assert result.returncode == 0, result.stderr
     assert "config.write_behind_lost_at_exit 2" in result.stderr
