@@ -55,6 +55,7 @@ from typing import Any
 
 from bench import stack
 from bench.harness import VAR_DIR, Report, Stopwatch, load_average, percentile
+from config.run import worker_nice
 
 STUB_LATENCY_MS = 20.0
 CONCURRENT_CLIENTS = 50
@@ -663,7 +664,7 @@ class Worker:
             [str(stack.BIN / "celery"), "-A", "config", "worker", "-l", "warning", "-c", concurrency],
             self.environment,
             log,
-            nice=stack.worker_nice(self.environment),
+            nice=worker_nice(self.environment),
         )
 
 

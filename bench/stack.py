@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.harness import BASE_DIR, VAR_DIR
+from config.run import worker_nice
 
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
 
@@ -198,11 +199,6 @@ def keel_migrate(environment: Mapping[str, str]) -> None:
         env=dict(environment),
         check=True,
     )
-
-
-def worker_nice(environment: Mapping[str, str]) -> int:
-    """The worker's niceness as `make run` sets it (config/run.py)."""
-    return int(environment.get("KEEL_WORKER_NICE", "10"))
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -34,6 +34,11 @@ class Child:
     argv: list[str]
     nice: int = 0  # added to the process's niceness: lower priority for the CPU
     process: subprocess.Popen[bytes] | None = field(default=None)
+
+
+def worker_nice(environment: Mapping[str, str]) -> int:
+    """How much nicer than the web server the worker runs (KEEL_WORKER_NICE)."""
+    return int(environment.get("KEEL_WORKER_NICE", "10"))
 
 
 def _niced(increment: int) -> Callable[[], object] | None:
@@ -98,7 +103,7 @@ def _children(host: str, port: int) -> list[Child]:
         Child(
             "worker",
             [str(BIN / "celery"), "-A", "config", "worker", "-l", "info", "-c", concurrency],
-            nice=int(os.environ.get("KEEL_WORKER_NICE", "10")),
+            nice=worker_nice(os.environ),
         ),
         Child("beat", [str(BIN / "celery"), "-A", "config", "beat", "-l", "info"]),
     ]
