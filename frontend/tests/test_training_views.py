@@ -2,7 +2,7 @@
 the fields, nothing saved), one-click exports and their refusals, an export's progress, cancel, manifest and
 download, and training jobs: the form, the page's metric charts and polling, the reward-hacking flag, the
 adapter, the model target and the comparison run. Built through trainer_bridge's services on an eval run
-whose k answers per item form groups (trainer_bridge/tests/test_exports.py)."""
+whose k answers per item form groups (trainer_bridge/tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ from routing.models import ModelTarget
 from trainer_bridge import jobs, services
 from trainer_bridge.curation import QUERY_KEYS
 from trainer_bridge.models import Curation, Export, JobStatus, TrainingJob, TrainingMetric
-from trainer_bridge.tests import test_exports
+from trainer_bridge.tests import conftest as training_fixtures
 from trainer_bridge.tests.test_exports import _curation
 
-fake = test_exports.fake
-gateway = test_exports.gateway
-media = test_exports.media
-run = test_exports.run
+fake = training_fixtures.fake
+gateway = training_fixtures.gateway
+media = training_fixtures.media
+run = training_fixtures.run
 
 pytestmark = pytest.mark.django_db
 

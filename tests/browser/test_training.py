@@ -2,7 +2,7 @@
 it, export it as ART with one click and watch the export page's polling follow the export to succeeded and
 offer the file (no Celery worker runs here: the test writes the export itself, as the worker the task went
 to would); and read a training job's page with its metric charts and the reward-hacking flag. The data is
-the view tests': an eval run whose k answers per item form groups (trainer_bridge/tests/test_exports.py)."""
+the view tests': an eval run whose k answers per item form groups (trainer_bridge/tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ from routing.tests.conftest import Gateway
 from tests.browser.pages import log_in
 from trainer_bridge import jobs, services
 from trainer_bridge.models import Curation, Export, JobStatus
-from trainer_bridge.tests import test_exports
+from trainer_bridge.tests import conftest as training_fixtures
 from trainer_bridge.tests.test_exports import _curation
 
-fake = test_exports.fake
-gateway = test_exports.gateway
-media = test_exports.media
-run = test_exports.run
+fake = training_fixtures.fake
+gateway = training_fixtures.gateway
+media = training_fixtures.media
+run = training_fixtures.run
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

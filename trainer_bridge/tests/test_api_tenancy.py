@@ -14,7 +14,7 @@ from agent_registry import services as registry_services
 from agent_registry.tests.factories import AgentFactory
 from trainer_bridge import jobs, services
 from trainer_bridge.models import Curation, Export, TrainingJob
-from trainer_bridge.tests.test_exports import _curation, fake, gateway, media, run  # noqa: F401 - fixtures
+from trainer_bridge.tests.test_exports import _curation
 
 pytestmark = pytest.mark.django_db
 
@@ -56,7 +56,7 @@ def state() -> tuple[object, ...]:
 
 
 @pytest.fixture
-def ours(gateway: Any, run: Any) -> dict[str, Any]:  # noqa: F811
+def ours(gateway: Any, run: Any) -> dict[str, Any]:
     curation = _curation(gateway, run)
     export = services.export_create(curation=curation, format="art", dispatch=False)
     services.export_execute(export_id=export.pk)
@@ -90,7 +90,7 @@ def test_another_workspace_lists_none_of_ours_and_claims_nothing(
     assert claim.status_code == 204
 
 
-def test_a_key_limited_to_an_agent_cannot_use_the_trainer_bridge(ours: dict[str, Any], gateway: Any) -> None:  # noqa: F811
+def test_a_key_limited_to_an_agent_cannot_use_the_trainer_bridge(ours: dict[str, Any], gateway: Any) -> None:
     agent = AgentFactory.create(workspace=gateway.workspace, slug="other-agent")
     _, raw = registry_services.apikey_create(
         workspace=gateway.workspace, name="limited", scopes=["read", "write", "train"], agents=[agent]

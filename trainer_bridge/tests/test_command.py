@@ -11,12 +11,12 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from trainer_bridge.models import Export, JobStatus
-from trainer_bridge.tests.test_exports import _curation, fake, gateway, media, run  # noqa: F401 - fixtures
+from trainer_bridge.tests.test_exports import _curation
 
 pytestmark = pytest.mark.django_db
 
 
-def test_an_export_from_the_shell_prints_its_file_and_checksum(gateway: Any, run: Any) -> None:  # noqa: F811
+def test_an_export_from_the_shell_prints_its_file_and_checksum(gateway: Any, run: Any) -> None:
     curation = _curation(gateway, run)
     out, err = io.StringIO(), io.StringIO()
 
@@ -32,7 +32,7 @@ def test_an_export_from_the_shell_prints_its_file_and_checksum(gateway: Any, run
     assert Export.objects.get().status == JobStatus.SUCCEEDED
 
 
-def test_a_refused_export_is_a_command_error(gateway: Any, run: Any) -> None:  # noqa: F811
+def test_a_refused_export_is_a_command_error(gateway: Any, run: Any) -> None:
     curation = _curation(gateway, run)
     curation.query = {"tags": ["nothing-has-this"]}
     curation.save()

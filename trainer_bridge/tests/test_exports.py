@@ -13,37 +13,11 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from evals import runs
-from evals.tests.test_runs import _script, _suite
-from routing.tests import conftest as routing_fixtures
 from routing.tests.conftest import Gateway
-from routing.tests.fakes import FakeGatewayLLM
-from tracing import services as tracing_services
-from tracing.models import IngestBatch
 from trainer_bridge import services
 from trainer_bridge.models import Export, JobStatus
 
-fake = routing_fixtures.fake
-gateway = routing_fixtures.gateway
-
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def media(tmp_path: Path, settings: Any) -> Path:
-    settings.MEDIA_ROOT = tmp_path / "media"
-    return tmp_path
-
-
-@pytest.fixture
-def run(gateway: Gateway, fake: FakeGatewayLLM) -> Any:
-    """A k = 4 eval run over four items: two items with mixed answers, one all right, one all wrong."""
-    suite = _suite(gateway, samples=4)
-    _script(fake, ["ok", "no", "ok", "no"] + ["ok"] * 4 + ["no", "no", "ok", "no"] + ["no"] * 4)
-    done = runs.run_execute(run_id=runs.run_create(suite=suite, dispatch=False).pk)
-    for batch_id in IngestBatch.objects.filter(status="pending").values_list("pk", flat=True):
-        tracing_services.span_batch_process(batch_id=batch_id)
-    return done
 
 
 def _curation(gateway: Gateway, run: Any, **filters: Any) -> Any:

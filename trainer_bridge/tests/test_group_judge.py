@@ -14,7 +14,6 @@ from routing.tests.conftest import Gateway
 from routing.tests.fakes import FakeGatewayLLM, say
 from trainer_bridge import services
 from trainer_bridge.models import GroupJudgement
-from trainer_bridge.tests.test_exports import fake, gateway, media, run  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.django_db
 
@@ -30,7 +29,7 @@ def _judge_calls(llm: FakeGatewayLLM) -> int:
     return sum("group_scores" in json.dumps(call.params.get("response_format") or {}) for call in llm.received)
 
 
-def _judged_curation(gateway: Gateway, run: Any) -> Any:  # noqa: F811
+def _judged_curation(gateway: Gateway, run: Any) -> Any:
     """The run's groups, rewarded by a RULER-style group judge on the `fast` target."""
     eval_services.evaluator_create(
         workspace=gateway.workspace, name="ruler", config={"type": "group_judge", "model": "fast"}
@@ -46,9 +45,9 @@ def _judged_curation(gateway: Gateway, run: Any) -> Any:  # noqa: F811
 
 
 def test_the_group_judge_is_asked_once_per_group_across_previews_and_the_export(
-    gateway: Gateway,  # noqa: F811
-    run: Any,  # noqa: F811
-    fake: FakeGatewayLLM,  # noqa: F811
+    gateway: Gateway,
+    run: Any,
+    fake: FakeGatewayLLM,
 ) -> None:
     curation = _judged_curation(gateway, run)
     fake.script("fast", *[_judge_reply() for _ in range(4)])
@@ -71,9 +70,9 @@ def test_the_group_judge_is_asked_once_per_group_across_previews_and_the_export(
 
 
 def test_a_judge_that_errs_is_asked_again_next_time(
-    gateway: Gateway,  # noqa: F811
-    run: Any,  # noqa: F811
-    fake: FakeGatewayLLM,  # noqa: F811
+    gateway: Gateway,
+    run: Any,
+    fake: FakeGatewayLLM,
 ) -> None:
     curation = _judged_curation(gateway, run)
     fake.script("fast", *[say("not json") for _ in range(20)])  # more than the judge's retries use

@@ -18,7 +18,7 @@ from evals.models import Run, RunStatus
 from routing.models import ModelTarget
 from trainer_bridge import jobs, services, worker
 from trainer_bridge.models import Export, JobStatus, TrainingJob
-from trainer_bridge.tests.test_exports import _curation, fake, gateway, media, run  # noqa: F401 - fixtures
+from trainer_bridge.tests.test_exports import _curation
 from trainer_bridge.tiny import tiny_model_dir, toy_corpus
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -34,8 +34,8 @@ def _post(client: Client, path: str, body: Any) -> Any:
 
 
 def test_from_curation_to_a_registered_model_target_through_the_worker(
-    gateway: Any,  # noqa: F811
-    run: Any,  # noqa: F811
+    gateway: Any,
+    run: Any,
     live_server: Any,
     tmp_path: Path,
 ) -> None:
@@ -94,7 +94,7 @@ def test_from_curation_to_a_registered_model_target_through_the_worker(
     assert [point["step"] for point in shown["metrics"]] == sorted(steps)
 
 
-def test_a_worker_that_does_not_hold_the_job_gets_409(gateway: Any, run: Any) -> None:  # noqa: F811
+def test_a_worker_that_does_not_hold_the_job_gets_409(gateway: Any, run: Any) -> None:
     client, _ = _client(gateway.workspace)
     gpu_1, _ = _client(gateway.workspace, ("train",))
     gpu_2, _ = _client(gateway.workspace, ("train",))
@@ -136,7 +136,7 @@ def test_a_worker_that_does_not_hold_the_job_gets_409(gateway: Any, run: Any) ->
     assert (early.status_code, early.json()["errors"][0]["field"]) == (422, "status")
 
 
-def test_a_worker_key_reaches_only_the_workers_calls(gateway: Any, run: Any) -> None:  # noqa: F811
+def test_a_worker_key_reaches_only_the_workers_calls(gateway: Any, run: Any) -> None:
     """A `train` key on a GPU machine claims jobs and reads their data; it cannot read or change anything else,
     and a `read`/`write` key cannot act as a worker."""
     client, _ = _client(gateway.workspace)
@@ -154,7 +154,7 @@ def test_a_worker_key_reaches_only_the_workers_calls(gateway: Any, run: Any) -> 
     assert (as_worker.status_code, as_worker.json()["code"]) == (403, "insufficient_scope")
 
 
-def test_a_job_on_the_wrong_export_format_is_refused(gateway: Any, run: Any) -> None:  # noqa: F811
+def test_a_job_on_the_wrong_export_format_is_refused(gateway: Any, run: Any) -> None:
     curation = _curation(gateway, run)
     export = services.export_create(curation=curation, format="trl_sft", dispatch=False)
     services.export_execute(export_id=export.pk)
@@ -167,7 +167,7 @@ def test_a_job_on_the_wrong_export_format_is_refused(gateway: Any, run: Any) -> 
     assert bad_config.value.extra["errors"][0]["field"].startswith("config.")
 
 
-def _held_job(gateway: Any, run: Any) -> tuple[TrainingJob, Any]:  # noqa: F811
+def _held_job(gateway: Any, run: Any) -> tuple[TrainingJob, Any]:
     """A GRPO job on an ART export of the run, claimed by a worker's `train` key: (job, key)."""
     curation = _curation(gateway, run)
     export = services.export_create(curation=curation, format="art", dispatch=False)
@@ -181,7 +181,7 @@ def _held_job(gateway: Any, run: Any) -> tuple[TrainingJob, Any]:  # noqa: F811
     return job, key
 
 
-def test_reward_rising_while_validation_falls_flags_the_job(gateway: Any, run: Any) -> None:  # noqa: F811
+def test_reward_rising_while_validation_falls_flags_the_job(gateway: Any, run: Any) -> None:
     job, key = _held_job(gateway, run)
     series = [
         (0, {"validation_score": 0.60}),
@@ -201,8 +201,8 @@ def test_reward_rising_while_validation_falls_flags_the_job(gateway: Any, run: A
 
 
 def test_a_slow_slide_from_the_best_validation_while_the_training_reward_climbs_flags_the_job(
-    gateway: Any,  # noqa: F811
-    run: Any,  # noqa: F811
+    gateway: Any,
+    run: Any,
 ) -> None:
     """No two validations in a row differ by the margin; the slide from the best one does."""
     job, key = _held_job(gateway, run)
@@ -223,8 +223,8 @@ def test_a_slow_slide_from_the_best_validation_while_the_training_reward_climbs_
 
 
 def test_a_falling_validation_with_a_falling_training_reward_is_not_flagged(
-    gateway: Any,  # noqa: F811
-    run: Any,  # noqa: F811
+    gateway: Any,
+    run: Any,
 ) -> None:
     job, key = _held_job(gateway, run)
     for step, score, trained in [(0, 0.60, 0.50), (5, 0.50, 0.45), (10, 0.40, 0.40)]:
@@ -234,7 +234,7 @@ def test_a_falling_validation_with_a_falling_training_reward_is_not_flagged(
     assert not TrainingJob.objects.get(pk=job.pk).flagged  # worse everywhere: a bad run, not reward hacking
 
 
-def test_a_crashed_workers_job_is_reclaimed_after_its_lease(gateway: Any, run: Any) -> None:  # noqa: F811
+def test_a_crashed_workers_job_is_reclaimed_after_its_lease(gateway: Any, run: Any) -> None:
     from datetime import timedelta
 
     from django.utils import timezone
@@ -264,8 +264,8 @@ def test_a_crashed_workers_job_is_reclaimed_after_its_lease(gateway: Any, run: A
 
 
 def test_an_adapter_larger_than_the_request_body_limit_is_streamed_to_disk(
-    gateway: Any,  # noqa: F811
-    run: Any,  # noqa: F811
+    gateway: Any,
+    run: Any,
     settings: Any,
 ) -> None:
     import gzip
