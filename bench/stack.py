@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.harness import BASE_DIR, VAR_DIR
-from config.run import worker_nice
+from config.run import web_argv, worker_nice
 
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
 
@@ -213,20 +213,7 @@ def keel_running(environment: Mapping[str, str], port: int, tag: str) -> Iterato
     try:
         processes.start(
             "web",
-            [
-                str(BIN / "gunicorn"),
-                "config.wsgi:application",
-                "--bind",
-                f"127.0.0.1:{port}",
-                "--workers",
-                workers,
-                "--threads",
-                threads,
-                "--access-logfile",
-                "-",
-                "--graceful-timeout",
-                "10",
-            ],
+            web_argv("127.0.0.1", port, workers=workers, threads=threads),
             environment,
             LOG_DIR / f"{tag}-web.log",
         )

@@ -75,28 +75,32 @@ def _wait_for_port(host: str, port: int, timeout: float) -> bool:
     return False
 
 
+def web_argv(host: str, port: int, *, workers: str, threads: str) -> list[str]:
+    """Gunicorn as `make run` starts it (the benchmarks start it so too), with Keel's hooks (config/gunicorn.py)."""
+    return [
+        str(BIN / "gunicorn"),
+        "config.wsgi:application",
+        "--config",
+        "python:config.gunicorn",
+        "--bind",
+        f"{host}:{port}",
+        "--workers",
+        workers,
+        "--threads",
+        threads,
+        "--access-logfile",
+        "-",
+        "--graceful-timeout",
+        "10",
+    ]
+
+
 def _children(host: str, port: int) -> list[Child]:
     workers = os.environ.get("KEEL_WEB_WORKERS", "2")
     threads = os.environ.get("KEEL_WEB_THREADS", "4")
     concurrency = os.environ.get("KEEL_WORKER_CONCURRENCY", "2")
     return [
-        Child(
-            "web",
-            [
-                str(BIN / "gunicorn"),
-                "config.wsgi:application",
-                "--bind",
-                f"{host}:{port}",
-                "--workers",
-                workers,
-                "--threads",
-                threads,
-                "--access-logfile",
-                "-",
-                "--graceful-timeout",
-                "10",
-            ],
-        ),
+        Child("web", web_argv(host, port, workers=workers, threads=threads)),
         # The worker yields the CPU to the web process: on one machine, a caller waiting for an answer comes
         # before a backlog of spans (bench/RESULTS.md, bench_gateway; ingest answers 429 when the backlog
         # outgrows what the worker stores).
