@@ -29,6 +29,7 @@ from django.utils import timezone
 
 from agent_registry import audit
 from agent_registry.models import Agent, ApiKey, AuditAction, User, Workspace
+from config.compiled_query import CompiledQuery
 from guardrails import exceptions
 from guardrails.models import (
     Budget,
@@ -114,14 +115,55 @@ def seconds_to_next_period(period: str, now: datetime | None = None) -> int:
 def budgets_matching(
     *, workspace_id: int, agent_id: int | None, api_key_id: int | None, end_user: str
 ) -> QuerySet[Budget]:
+    return _matching(
+        workspace_id=workspace_id,
+        agent=None if agent_id is None else str(agent_id),
+        api_key=None if api_key_id is None else str(api_key_id),
+        end_user=end_user[:200] or None,
+    )
+
+
+def _matching(
+    *, workspace_id: int, agent: str | None = None, api_key: str | None = None, end_user: str | None = None
+) -> QuerySet[Budget]:
     scopes = Q(scope=BudgetScope.WORKSPACE)
-    if agent_id is not None:
-        scopes |= Q(scope=BudgetScope.AGENT, scope_value=str(agent_id))
-    if api_key_id is not None:
-        scopes |= Q(scope=BudgetScope.API_KEY, scope_value=str(api_key_id))
-    if end_user:
-        scopes |= Q(scope=BudgetScope.END_USER, scope_value=end_user[:200])
+    if agent is not None:
+        scopes |= Q(scope=BudgetScope.AGENT, scope_value=agent)
+    if api_key is not None:
+        scopes |= Q(scope=BudgetScope.API_KEY, scope_value=api_key)
+    if end_user is not None:
+        scopes |= Q(scope=BudgetScope.END_USER, scope_value=end_user)
     return Budget.objects.filter(scopes, workspace_id=workspace_id)
+
+
+# budgets_matching compiled once per shape (which scopes the request has): every model call of the gateway
+# reads it (config/compiled_query.py).
+_MATCHING_SENTINELS: dict[str, object] = {
+    "workspace_id": -7_000_002,
+    "agent": "keel-sentinel:agent",
+    "api_key": "keel-sentinel:api-key",
+    "end_user": "keel-sentinel:end-user",
+}
+_matching_compiled: dict[frozenset[str], CompiledQuery[Budget]] = {}
+
+
+def budgets_matching_rows(
+    *, workspace_id: int, agent_id: int | None, api_key_id: int | None, end_user: str
+) -> list[Budget]:
+    """What budgets_matching returns, as a list."""
+    values = {
+        "workspace_id": workspace_id,
+        "agent": None if agent_id is None else str(agent_id),
+        "api_key": None if api_key_id is None else str(api_key_id),
+        "end_user": end_user[:200] or None,
+    }
+    present = {name: value for name, value in values.items() if value is not None}
+    shape = frozenset(present)
+    query = _matching_compiled.get(shape)
+    if query is None:
+        query = CompiledQuery(Budget, _matching, **{name: _MATCHING_SENTINELS[name] for name in shape})
+        _matching_compiled[shape] = query
+    return query.rows(**present)
 
 
 def _usage_ids(budgets: Sequence[Budget], now: datetime) -> list[int]:
@@ -216,8 +258,8 @@ def budget_reserve(
     reservation after the call, whether the call succeeded or not."""
     if estimated_usd < 0 or estimated_tokens < 0:
         raise exceptions.BudgetInvalid("an estimate cannot be negative")
-    budgets = list(
-        budgets_matching(workspace_id=workspace_id, agent_id=agent_id, api_key_id=api_key_id, end_user=end_user)
+    budgets = budgets_matching_rows(
+        workspace_id=workspace_id, agent_id=agent_id, api_key_id=api_key_id, end_user=end_user
     )
     if not budgets:
         return Reservation(None, (), estimated_usd, estimated_tokens)

@@ -27,6 +27,7 @@ from agent_registry import selectors as registry_selectors
 from agent_registry.models import Agent, ApiKey, AuditAction, User
 from agent_registry.requirements import Requirements
 from config import crypto
+from config.compiled_query import CompiledQuery
 from guardrails import exceptions, model_checks, policy
 from guardrails.checks import canary_token, run_checks
 from guardrails.interface import Action, CheckContext, CheckResult, Layer
@@ -100,12 +101,20 @@ def guardrail_policy_get(*, agent: Agent) -> EffectivePolicy:
     return hooks.request_memo(("guardrail_policy", agent.pk), lambda: _policy_read(agent))
 
 
+# Read once per gateway request (compiled once: config/compiled_query.py).
+_saved_policy = CompiledQuery(
+    GuardrailPolicy,
+    lambda agent_id: GuardrailPolicy.objects.filter(agent_id=agent_id).order_by("pk")[:1],
+    agent_id=-7_000_003,
+)
+
+
 def _policy_read(agent: Agent) -> EffectivePolicy:
     # Parsed once per requirements version (routing's cache), not on every call.
     requirements = routing_selectors.requirements_of(agent=agent)
     derived = _derived_policy(agent.current_requirements_id, requirements)
     mandatory = list(derived.mandatory)
-    saved = GuardrailPolicy.objects.filter(agent=agent).first()
+    saved = _saved_policy.first(agent_id=agent.pk)
     if saved is None:
         return EffectivePolicy(
             agent=agent,

@@ -17,6 +17,7 @@ from pgvector.django import CosineDistance
 from agent_registry import requirements
 from agent_registry.models import Agent, ApiKey, PromptVersion, RequirementsVersion, Workspace
 from agent_registry.selectors import apikey_agent_ids
+from config.compiled_query import CompiledQuery
 from config.errors import NotFound
 from routing import router
 from routing.models import CacheEntry, ModelTarget, RouterConfig, RoutingDecision
@@ -202,8 +203,19 @@ def gateway_agent_context(*, api_key: ApiKey, slug: str) -> GatewayAgent:
     raise ModelNotFound(f"there is no agent {slug!r} this key may call (model 'agent/{slug}')")
 
 
+# Every request that names a target alias reads it (compiled once: config/compiled_query.py).
+_enabled_target = CompiledQuery(
+    ModelTarget,
+    lambda workspace_id, alias: ModelTarget.objects.filter(
+        workspace_id=workspace_id, alias=alias, enabled=True
+    ).order_by("pk")[:1],
+    workspace_id=-7_000_001,
+    alias="keel-sentinel:alias",
+)
+
+
 def gateway_target_get(*, workspace: Workspace, alias: str) -> ModelTarget:
-    target = ModelTarget.objects.filter(workspace=workspace, alias=alias, enabled=True).first()
+    target = _enabled_target.first(workspace_id=workspace.pk, alias=alias)
     if target is None:
         raise ModelNotFound(f"there is no model target {alias!r}; call an agent as 'agent/<slug>' or a target alias")
     return target

@@ -222,3 +222,32 @@ def test_budget_status_shows_the_current_period(workspace):
         100,
     )
     assert (status.soft_limit_reached, status.exhausted) == (True, False)
+
+
+def test_the_compiled_match_reads_what_budgets_matching_reads(workspace, other_workspace, django_assert_num_queries):
+    agent = AgentFactory.create(workspace=workspace)
+    key, _ = registry_services.apikey_create(workspace=workspace, name="k", scopes=["gateway"])
+    BudgetFactory.create(workspace=workspace, limit_usd=Decimal("100"))
+    BudgetFactory.create(workspace=workspace, scope="agent", scope_value=str(agent.pk), limit_usd=Decimal("7"))
+    BudgetFactory.create(workspace=workspace, scope="agent", scope_value="999999", limit_usd=Decimal("7"))
+    BudgetFactory.create(workspace=workspace, scope="api_key", scope_value=str(key.pk), limit_tokens=500)
+    BudgetFactory.create(workspace=workspace, scope="end_user", scope_value="alice", limit_usd=Decimal("0.05"))
+    BudgetFactory.create(workspace=other_workspace, limit_usd=Decimal("1"))
+
+    def ids(found):
+        return sorted(budget.pk for budget in found)
+
+    for scope in (
+        {},
+        {"agent_id": agent.pk},
+        {"api_key_id": key.pk, "end_user": "alice"},
+        {"agent_id": agent.pk, "api_key_id": key.pk, "end_user": "alice"},
+        {"end_user": "bob"},
+        {"end_user": "alice" + "x" * 300},
+    ):
+        arguments = {"agent_id": None, "api_key_id": None, "end_user": ""} | scope
+        expected = list(budgets.budgets_matching(workspace_id=workspace.pk, **arguments))
+        with django_assert_num_queries(1):
+            found = budgets.budgets_matching_rows(workspace_id=workspace.pk, **arguments)
+        assert ids(found) == ids(expected)
+        assert {budget.pk: budget.limit_usd for budget in found} == {budget.pk: budget.limit_usd for budget in expected}

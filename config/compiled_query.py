@@ -1,0 +1,116 @@
+"""Querysets compiled to SQL once per process, then run with new values: for the reads every gateway request
+makes, where building and compiling the queryset again cost more than running it.
+
+    targets = CompiledQuery(
+        ModelTarget,
+        lambda workspace_id, alias: ModelTarget.objects.filter(workspace_id=workspace_id, alias=alias)[:1],
+        workspace_id=-7_000_001,
+        alias="\\x00alias",
+    )
+    targets.rows(workspace_id=1, alias="stub-chat")  # the same instances the queryset returns
+
+The queryset is built once with a sentinel for each value (a value of the field's type that no real query
+uses) and compiled by the ORM; each sentinel in the compiled parameters becomes the caller's value. Values
+come back through the converters the ORM itself would apply, and instances through `Model.from_db`, so
+what a query returns is what its queryset returns; the tests of each use compare the two.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from django.db import connection
+from django.db.models import Model, QuerySet
+
+M = TypeVar("M", bound=Model)
+
+
+class CompiledQueryError(RuntimeError):
+    """A sentinel did not survive compilation (the ORM transformed it), so the SQL cannot be reused."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    sql: str
+    # Per parameter of the SQL: the name of the caller's value, or None for a constant of the query.
+    names: tuple[str | None, ...]
+    constants: tuple[object, ...]
+    attnames: tuple[str, ...]
+    # (position, [(converter, expression)]) for the columns whose database values the ORM converts.
+    converters: tuple[tuple[int, tuple[tuple[Any, Any], ...]], ...]
+
+
+class CompiledQuery(Generic[M]):
+    def __init__(self, model: type[M], build: Callable[..., QuerySet[M]], **sentinels: object) -> None:
+        self.model = model
+        self.build = build
+        self.sentinels = sentinels
+        self._compiled: _Compiled | None = None
+        self._lock = threading.Lock()
+
+    def _compile(self) -> _Compiled:
+        attnames = tuple(field.attname for field in self.model._meta.concrete_fields)
+        queryset = self.build(**self.sentinels).values_list(*attnames)
+        compiler = queryset.query.get_compiler(using=connection.alias)
+        sql, params = compiler.as_sql()
+        names: list[str | None] = []
+        for value in params:
+            name = next(
+                (
+                    key
+                    for key, sentinel in self.sentinels.items()
+                    if type(value) is type(sentinel) and value == sentinel
+                ),
+                None,
+            )
+            names.append(name)
+        missing = set(self.sentinels) - set(names)
+        if missing:
+            raise CompiledQueryError(f"{self.model.__name__}: sentinels {sorted(missing)} not in the compiled SQL")
+        converters = compiler.get_converters([column[0] for column in compiler.select])
+        return _Compiled(
+            sql=sql,
+            names=tuple(names),
+            constants=tuple(params),
+            attnames=attnames,
+            converters=tuple(
+                (position, tuple((converter, expression) for converter in functions))
+                for position, (functions, expression) in sorted(converters.items())
+            ),
+        )
+
+    def compiled(self) -> _Compiled:
+        if self._compiled is None:
+            with self._lock:
+                if self._compiled is None:
+                    self._compiled = self._compile()
+        return self._compiled
+
+    def rows(self, **values: object) -> list[M]:
+        """The instances the queryset built with these values returns, in its order."""
+        compiled = self.compiled()
+        if values.keys() != self.sentinels.keys():
+            raise TypeError(f"expected values for {sorted(self.sentinels)}, got {sorted(values)}")
+        params: list[Any] = [
+            constant if name is None else values[name]
+            for name, constant in zip(compiled.names, compiled.constants, strict=True)
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(compiled.sql, params)
+            fetched = cursor.fetchall()
+        return [self._instance(compiled, row) for row in fetched]
+
+    def first(self, **values: object) -> M | None:
+        """The first instance, for a queryset that is sliced to one row (`[:1]`)."""
+        found = self.rows(**values)
+        return found[0] if found else None
+
+    def _instance(self, compiled: _Compiled, row: tuple[Any, ...]) -> M:
+        values = list(row)
+        for position, converters in compiled.converters:
+            for converter, expression in converters:
+                values[position] = converter(values[position], expression, connection)
+        return self.model.from_db(connection.alias, list(compiled.attnames), values)
