@@ -18,7 +18,7 @@ what a query returns is what its queryset returns; the tests of each use compare
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -38,22 +38,24 @@ class _Compiled:
     # Per parameter of the SQL: the name of the caller's value, or None for a constant of the query.
     names: tuple[str | None, ...]
     constants: tuple[object, ...]
-    attnames: tuple[str, ...]
     # (position, [(converter, expression)]) for the columns whose database values the ORM converts.
     converters: tuple[tuple[int, tuple[tuple[Any, Any], ...]], ...]
 
 
-class CompiledQuery(Generic[M]):
-    def __init__(self, model: type[M], build: Callable[..., QuerySet[M]], **sentinels: object) -> None:
-        self.model = model
+class CompiledValues:
+    """A `values_list()` queryset compiled once; `values()` returns its rows as tuples."""
+
+    def __init__(self, build: Callable[..., QuerySet[Any]], **sentinels: object) -> None:
         self.build = build
         self.sentinels = sentinels
         self._compiled: _Compiled | None = None
         self._lock = threading.Lock()
 
+    def _queryset(self) -> QuerySet[Any]:
+        return self.build(**self.sentinels)
+
     def _compile(self) -> _Compiled:
-        attnames = tuple(field.attname for field in self.model._meta.concrete_fields)
-        queryset = self.build(**self.sentinels).values_list(*attnames)
+        queryset = self._queryset()
         compiler = queryset.query.get_compiler(using=connection.alias)
         sql, params = compiler.as_sql()
         names: list[str | None] = []
@@ -69,13 +71,12 @@ class CompiledQuery(Generic[M]):
             names.append(name)
         missing = set(self.sentinels) - set(names)
         if missing:
-            raise CompiledQueryError(f"{self.model.__name__}: sentinels {sorted(missing)} not in the compiled SQL")
+            raise CompiledQueryError(f"{queryset.model.__name__}: sentinels {sorted(missing)} not in the compiled SQL")
         converters = compiler.get_converters([column[0] for column in compiler.select])
         return _Compiled(
             sql=sql,
             names=tuple(names),
             constants=tuple(params),
-            attnames=attnames,
             converters=tuple(
                 (position, tuple((converter, expression) for converter in functions))
                 for position, (functions, expression) in sorted(converters.items())
@@ -89,28 +90,49 @@ class CompiledQuery(Generic[M]):
                     self._compiled = self._compile()
         return self._compiled
 
-    def rows(self, **values: object) -> list[M]:
-        """The instances the queryset built with these values returns, in its order."""
+    def statement(self, **values: object) -> tuple[str, list[Any]]:
+        """The SQL and its parameters for these values, for a caller that runs it itself."""
         compiled = self.compiled()
         if values.keys() != self.sentinels.keys():
             raise TypeError(f"expected values for {sorted(self.sentinels)}, got {sorted(values)}")
-        params: list[Any] = [
+        params = [
             constant if name is None else values[name]
             for name, constant in zip(compiled.names, compiled.constants, strict=True)
         ]
+        return compiled.sql, params
+
+    def converted(self, row: Sequence[Any]) -> list[Any]:
+        """A fetched row's values as the ORM converts them."""
+        values = list(row)
+        for position, converters in self.compiled().converters:
+            for converter, expression in converters:
+                values[position] = converter(values[position], expression, connection)
+        return values
+
+    def values(self, **values: object) -> list[list[Any]]:
+        sql, params = self.statement(**values)
         with connection.cursor() as cursor:
-            cursor.execute(compiled.sql, params)
+            cursor.execute(sql, params)
             fetched = cursor.fetchall()
-        return [self._instance(compiled, row) for row in fetched]
+        return [self.converted(row) for row in fetched]
+
+
+class CompiledQuery(CompiledValues, Generic[M]):
+    """A queryset of `model` compiled once; `rows()` returns its instances."""
+
+    def __init__(self, model: type[M], build: Callable[..., QuerySet[M]], **sentinels: object) -> None:
+        super().__init__(build, **sentinels)
+        self.model = model
+        self.attnames = [field.attname for field in model._meta.concrete_fields]
+
+    def _queryset(self) -> QuerySet[Any]:
+        return self.build(**self.sentinels).values_list(*self.attnames)
+
+    def rows(self, **values: object) -> list[M]:
+        """The instances the queryset built with these values returns, in its order."""
+        return [self.model.from_db(connection.alias, self.attnames, row) for row in self.values(**values)]
 
     def first(self, **values: object) -> M | None:
         """The first instance, for a queryset that is sliced to one row (`[:1]`)."""
         found = self.rows(**values)
         return found[0] if found else None
-
-    def _instance(self, compiled: _Compiled, row: tuple[Any, ...]) -> M:
-        values = list(row)
-        for position, converters in compiled.converters:
-            for converter, expression in converters:
-                values[position] = converter(values[position], expression, connection)
-        return self.model.from_db(connection.alias, list(compiled.attnames), values)

@@ -10,14 +10,15 @@ from typing import Any, Final
 
 from django.db import connection
 from django.db.backends.postgresql.operations import DatabaseOperations as PostgresOperations
-from django.db.models import Case, Exists, F, IntegerField, OuterRef, Subquery, Value, When
+from django.db.models import Case, Exists, F, IntegerField, OuterRef, QuerySet, Subquery, Value, When
 from django.db.models.functions import Concat
+from pgvector import Vector
 from pgvector.django import CosineDistance
 
 from agent_registry import requirements
 from agent_registry.models import Agent, ApiKey, PromptVersion, RequirementsVersion, Workspace
 from agent_registry.selectors import apikey_agent_ids
-from config.compiled_query import CompiledQuery
+from config.compiled_query import CompiledQuery, CompiledValues
 from config.errors import NotFound
 from routing import router
 from routing.models import CacheEntry, ModelTarget, RouterConfig, RoutingDecision
@@ -275,15 +276,33 @@ def requirements_of(*, agent: Agent) -> requirements.Requirements | None:
     return _requirements(agent.current_requirements_id)
 
 
-def routing_neighbours(*, agent: Agent, embedding: list[float], limit: int) -> list[router.Neighbour]:
-    """The agent's past requests nearest to this one whose outcome is known (cache hits aside)."""
-    nearest = (
-        RoutingDecision.objects.filter(agent=agent, quality__isnull=False, cache_hit=False, embedding__isnull=False)
-        .annotate(distance=CosineDistance("embedding", embedding))
+def _nearest(agent_id: int, vector: str, limit: int) -> QuerySet[Any]:
+    return (
+        RoutingDecision.objects.filter(
+            agent_id=agent_id, quality__isnull=False, cache_hit=False, embedding__isnull=False
+        )
+        .annotate(distance=CosineDistance("embedding", Value(vector)))
         .order_by("distance")
         .values_list("distance", "tier", "quality", "cost_usd", "latency_ms")[:limit]
     )
-    sql, params = nearest.query.sql_with_params()
+
+
+# Compiled once per limit (it is part of the SQL): every adaptive gateway request runs it.
+_nearest_compiled: dict[int, CompiledValues] = {}
+
+
+def routing_neighbours(*, agent: Agent, embedding: list[float], limit: int) -> list[router.Neighbour]:
+    """The agent's past requests nearest to this one whose outcome is known (cache hits aside)."""
+    query = _nearest_compiled.get(limit)
+    if query is None:
+        query = CompiledValues(
+            lambda agent_id, vector: _nearest(agent_id, vector, limit),
+            agent_id=-7_000_004,
+            vector="keel-sentinel:vector",
+        )
+        _nearest_compiled[limit] = query
+    # As pgvector's CosineDistance writes a list of floats.
+    sql, params = query.statement(agent_id=agent.pk, vector=Vector(embedding).to_text())
     with connection.cursor() as cursor:
         # An HNSW scan with a filter can end early; let pgvector keep scanning until enough rows pass. Sent
         # together (Django binds parameters on the client, so one message may hold two statements), the
@@ -291,7 +310,7 @@ def routing_neighbours(*, agent: Agent, embedding: list[float], limit: int) -> l
         # instead of BEGIN, SET, SELECT and COMMIT.
         cursor.execute(f"SET LOCAL hnsw.iterative_scan = relaxed_order; {sql}", params)
         cursor.nextset()
-        rows = cursor.fetchall()
+        rows = [query.converted(row) for row in cursor.fetchall()]
     return [
         router.Neighbour(
             similarity=max(0.0, 1.0 - float(distance)),

@@ -5,11 +5,12 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
-from django.db.models import Model
+from django.db.models import F, Model
 from django.db.models.functions import Lower
 
+from agent_registry import services
 from agent_registry.models import ApiKey
-from config.compiled_query import CompiledQuery, CompiledQueryError
+from config.compiled_query import CompiledQuery, CompiledQueryError, CompiledValues
 from guardrails.models import Budget
 from guardrails.tests.factories import BudgetFactory
 
@@ -47,8 +48,6 @@ def test_rows_are_the_querysets_instances_with_their_types(workspace, other_work
 
 def test_converted_columns_come_back_as_the_orm_converts_them(workspace):
     """A JSON list and aware datetimes go through the ORM's own converters."""
-    from agent_registry import services
-
     key, _ = services.apikey_create(workspace=workspace, name="k", scopes=["ingest", "read"])
     by_prefix = CompiledQuery(ApiKey, lambda prefix: ApiKey.objects.filter(prefix=prefix)[:1], prefix="keel-sentinel")
 
@@ -75,3 +74,27 @@ def test_a_sentinel_the_orm_transforms_is_refused():
 def test_values_must_name_every_sentinel():
     with pytest.raises(TypeError):
         BY_LIMIT.rows(workspace_id=1)
+
+
+def test_values_are_the_querysets_rows_annotations_included(workspace):
+    for value in ("0.50", "2.00", "9.99"):
+        BudgetFactory.create(workspace=workspace, period="day", scope="end_user", scope_value=value, limit_usd=value)
+
+    def build(workspace_id, scope, limit):
+        return (
+            Budget.objects.filter(workspace_id=workspace_id, scope=scope)
+            .annotate(doubled=F("limit_usd") * 2)
+            .order_by("-limit_usd")
+            .values_list("doubled", "scope_value", "created_at")[:limit]
+        )
+
+    query = CompiledValues(
+        lambda workspace_id, scope: build(workspace_id, scope, 2), workspace_id=-7_100_002, scope="s"
+    )
+
+    found = query.values(workspace_id=workspace.pk, scope="end_user")
+
+    expected = [list(row) for row in build(workspace.pk, "end_user", 2)]
+    assert found == expected
+    assert [[type(value) for value in row] for row in found] == [[type(value) for value in row] for row in expected]
+    assert query.values(workspace_id=workspace.pk, scope="workspace") == []
