@@ -112,15 +112,14 @@ def seconds_to_next_period(period: str, now: datetime | None = None) -> int:
     return max(1, int((boundary - now).total_seconds()))
 
 
-def budgets_matching(
-    *, workspace_id: int, agent_id: int | None, api_key_id: int | None, end_user: str
-) -> QuerySet[Budget]:
-    return _matching(
-        workspace_id=workspace_id,
-        agent=None if agent_id is None else str(agent_id),
-        api_key=None if api_key_id is None else str(api_key_id),
-        end_user=end_user[:200] or None,
-    )
+def _scope_values(*, agent_id: int | None, api_key_id: int | None, end_user: str) -> dict[str, str]:
+    """The request's scopes a budget may name (`scope_value`), by `_matching`'s argument."""
+    values = {
+        "agent": None if agent_id is None else str(agent_id),
+        "api_key": None if api_key_id is None else str(api_key_id),
+        "end_user": end_user[:200] or None,
+    }
+    return {name: value for name, value in values.items() if value is not None}
 
 
 def _matching(
@@ -136,8 +135,8 @@ def _matching(
     return Budget.objects.filter(scopes, workspace_id=workspace_id)
 
 
-# budgets_matching compiled once per shape (which scopes the request has): every model call of the gateway
-# reads it (config/compiled_query.py).
+# _matching compiled once per shape (which scopes the request has): every model call of the gateway reads
+# it (config/compiled_query.py).
 _MATCHING_SENTINELS: dict[str, object] = {
     "workspace_id": -7_000_002,
     "agent": "keel-sentinel:agent",
@@ -147,23 +146,19 @@ _MATCHING_SENTINELS: dict[str, object] = {
 _matching_compiled: dict[frozenset[str], CompiledQuery[Budget]] = {}
 
 
-def budgets_matching_rows(
-    *, workspace_id: int, agent_id: int | None, api_key_id: int | None, end_user: str
-) -> list[Budget]:
-    """What budgets_matching returns, as a list."""
-    values = {
+def budgets_matching(*, workspace_id: int, agent_id: int | None, api_key_id: int | None, end_user: str) -> list[Budget]:
+    """The budgets a request with these scopes counts against: the workspace's, and those of its agent,
+    key and end user."""
+    values: dict[str, object] = {
         "workspace_id": workspace_id,
-        "agent": None if agent_id is None else str(agent_id),
-        "api_key": None if api_key_id is None else str(api_key_id),
-        "end_user": end_user[:200] or None,
+        **_scope_values(agent_id=agent_id, api_key_id=api_key_id, end_user=end_user),
     }
-    present = {name: value for name, value in values.items() if value is not None}
-    shape = frozenset(present)
+    shape = frozenset(values)
     query = _matching_compiled.get(shape)
     if query is None:
         query = CompiledQuery(Budget, _matching, **{name: _MATCHING_SENTINELS[name] for name in shape})
         _matching_compiled[shape] = query
-    return query.rows(**present)
+    return query.rows(**values)
 
 
 def _usage_ids(budgets: Sequence[Budget], now: datetime) -> list[int]:
@@ -258,9 +253,7 @@ def budget_reserve(
     reservation after the call, whether the call succeeded or not."""
     if estimated_usd < 0 or estimated_tokens < 0:
         raise exceptions.BudgetInvalid("an estimate cannot be negative")
-    budgets = budgets_matching_rows(
-        workspace_id=workspace_id, agent_id=agent_id, api_key_id=api_key_id, end_user=end_user
-    )
+    budgets = budgets_matching(workspace_id=workspace_id, agent_id=agent_id, api_key_id=api_key_id, end_user=end_user)
     if not budgets:
         return Reservation(None, (), estimated_usd, estimated_tokens)
     outcome = _reserve(budgets, workspace_id, estimated_usd, estimated_tokens)

@@ -224,7 +224,7 @@ def test_budget_status_shows_the_current_period(workspace):
     assert (status.soft_limit_reached, status.exhausted) == (True, False)
 
 
-def test_the_compiled_match_reads_what_budgets_matching_reads(workspace, other_workspace, django_assert_num_queries):
+def test_budgets_matching_reads_what_the_orm_reads(workspace, other_workspace, django_assert_num_queries):
     agent = AgentFactory.create(workspace=workspace)
     key, _ = registry_services.apikey_create(workspace=workspace, name="k", scopes=["gateway"])
     BudgetFactory.create(workspace=workspace, limit_usd=Decimal("100"))
@@ -246,8 +246,8 @@ def test_the_compiled_match_reads_what_budgets_matching_reads(workspace, other_w
         {"end_user": "alice" + "x" * 300},
     ):
         arguments = {"agent_id": None, "api_key_id": None, "end_user": ""} | scope
-        expected = list(budgets.budgets_matching(workspace_id=workspace.pk, **arguments))
+        expected = list(budgets._matching(workspace_id=workspace.pk, **budgets._scope_values(**arguments)))
         with django_assert_num_queries(1):
-            found = budgets.budgets_matching_rows(workspace_id=workspace.pk, **arguments)
+            found = budgets.budgets_matching(workspace_id=workspace.pk, **arguments)
         assert ids(found) == ids(expected)
         assert {budget.pk: budget.limit_usd for budget in found} == {budget.pk: budget.limit_usd for budget in expected}
