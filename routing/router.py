@@ -69,6 +69,9 @@ TIER_QUALITY_LIFT: Final[Mapping[str, float]] = {SINGLE_CALL: 0.0, CHAIN: 0.15, 
 HUMAN_QUALITY_FLOOR: Final = 0.35
 # A normalised cost or latency is capped, so one absurd price cannot drown the quality term.
 MAX_NORMALISED_PENALTY: Final = 2.0
+# The largest cost, latency or risk weight a configuration may set (routing.services refuses more); a
+# larger one reaching the router counts as this, so a penalty stays finite and its decision storable.
+WEIGHT_MAX: Final = 10.0
 
 # Cold start: difficulty from which a chain, and an agentic loop, fits the request.
 CHAIN_DIFFICULTY: Final = 0.4
@@ -874,7 +877,7 @@ def _positive(value: object) -> float | None:
 
 def _weight(value: object) -> float:
     number = _finite_float(value)
-    return max(0.0, number) if number is not None else 0.0
+    return min(WEIGHT_MAX, max(0.0, number)) if number is not None else 0.0
 
 
 def _whole(value: object, *, default: int) -> int:

@@ -489,7 +489,6 @@ ROUTER_CONFIG_FIELDS: Final = frozenset(
 )
 _RULE_KEYS: Final = ("name", "kind", "value", "to_tier", "reason")
 NEIGHBOURS_MAX: Final = 200
-WEIGHT_MAX: Final = 10.0
 CACHE_TTL_MAX_SECONDS: Final = 90 * 24 * 3600
 
 
@@ -600,7 +599,7 @@ def router_config_update(
             else:
                 setattr(config, name, value)
         elif name in ("cost_weight", "latency_weight", "risk_weight"):
-            number_errors = _number_error(name, value, 0, WEIGHT_MAX)
+            number_errors = _number_error(name, value, 0, router.WEIGHT_MAX)
             errors.extend(number_errors)
             if not number_errors:
                 setattr(config, name, float(value))

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from routing.router import (
     HUMAN_QUALITY_FLOOR,
     MAX_TEXT_CHARS,
+    WEIGHT_MAX,
     Decision,
     Neighbour,
     Policy,
@@ -799,3 +800,15 @@ def test_route_never_raises_and_always_picks_an_enabled_tier(
     assert decision.reason
     json.dumps(decision.features, allow_nan=False)
     json.dumps(decision.estimates_json(), allow_nan=False)
+
+
+def test_an_absurd_weight_counts_as_the_largest_allowed_and_the_decision_stays_storable() -> None:
+    """Found by the property test above: a weight near the largest float times a normalised cost
+    overflowed to infinity, and the decision could not be written as JSON."""
+    huge = make_policy(cost_weight=1.7e308, latency_weight=1e308, cost_ceiling_usd=0.0078125)
+    capped = make_policy(cost_weight=WEIGHT_MAX, latency_weight=WEIGHT_MAX, cost_ceiling_usd=0.0078125)
+
+    decision = route(ask("Where is my driver?"), huge, [])
+
+    json.dumps(decision.estimates_json(), allow_nan=False)
+    assert decision.estimates_json() == route(ask("Where is my driver?"), capped, []).estimates_json()
