@@ -166,6 +166,32 @@ def requirements_version_get(*, agent: Agent, version: int) -> RequirementsVersi
     return found
 
 
+@lru_cache(maxsize=512)
+def requirements_version_parsed(version_id: int) -> requirements.Requirements | None:
+    """A requirements version's answers, parsed. Versions are immutable, so each process keeps what it
+    parsed: the gateway reads them on every request and the worker for every batch of spans."""
+    answers = RequirementsVersion.objects.filter(pk=version_id).values_list("answers", flat=True).first()
+    return None if answers is None else requirements.Requirements.model_validate(answers)
+
+
+@lru_cache(maxsize=512)
+def requirements_version_derived(version_id: int) -> requirements.DerivedConfiguration | None:
+    answers = requirements_version_parsed(version_id)
+    return None if answers is None else requirements.derived_configuration(answers)
+
+
+def derived_configuration(*, agent: Agent) -> requirements.DerivedConfiguration | None:
+    if agent.current_requirements_id is None:
+        return None
+    return requirements_version_derived(agent.current_requirements_id)
+
+
+def requirements_of(*, agent: Agent) -> requirements.Requirements | None:
+    if agent.current_requirements_id is None:
+        return None
+    return requirements_version_parsed(agent.current_requirements_id)
+
+
 def requirements_current(*, agent: Agent) -> requirements.Requirements | None:
     """The answers in force, parsed; None until the first save."""
     if agent.current_requirements is None:

@@ -17,11 +17,11 @@ from datetime import datetime, timedelta
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from agent_registry import selectors as registry_selectors
 from agent_registry.models import PromptLabelMove
 from agent_registry.requirements import Comparator
 from evals import runs
 from evals.models import RegressionAlert, Run, RunStatus, RunTrigger, Suite, SuiteTarget
-from routing import selectors as routing_selectors
 
 logger = logging.getLogger("evals.regressions")
 
@@ -93,7 +93,7 @@ def _committed(run: Run) -> dict[str, tuple[float, str] | None]:
     """Evaluator name -> (target, comparator) for the metrics the agent committed to; None for evaluators
     without a commitment (then every evaluator counts and only significance matters)."""
     names = [data["name"] for data in run.evaluators]
-    requirements = routing_selectors.requirements_of(agent=run.agent) if run.agent is not None else None
+    requirements = registry_selectors.requirements_of(agent=run.agent) if run.agent is not None else None
     if requirements is None:
         return dict.fromkeys(names)
     metrics = {

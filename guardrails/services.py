@@ -43,7 +43,6 @@ from guardrails.models import (
 )
 from guardrails.pii import pseudonym_for
 from routing import hooks
-from routing import selectors as routing_selectors
 from routing.models import ModelTarget
 
 logger = logging.getLogger("guardrails.services")
@@ -111,7 +110,7 @@ _saved_policy = CompiledQuery(
 
 def _policy_read(agent: Agent) -> EffectivePolicy:
     # Parsed once per requirements version (routing's cache), not on every call.
-    requirements = routing_selectors.requirements_of(agent=agent)
+    requirements = registry_selectors.requirements_of(agent=agent)
     derived = _derived_policy(agent.current_requirements_id, requirements)
     mandatory = list(derived.mandatory)
     saved = _saved_policy.first(agent_id=agent.pk)

@@ -24,6 +24,7 @@ import orjson
 from django.db import transaction
 
 from agent_registry import prompts
+from agent_registry import selectors as registry_selectors
 from agent_registry.models import Agent, ApiKey, PromptType, PromptVersion
 from config import dispatch, write_behind
 from config.errors import KeelError, ValidationFailed
@@ -181,8 +182,8 @@ def _rules(requirements_rules: Sequence[Mapping[str, Any]], config: RouterConfig
 
 def _policy(agent: Agent, config: RouterConfig | None) -> tuple[router.Policy, dict[str, dict[str, Any]]]:
     """The router's policy from the requirements' derived configuration and the router settings."""
-    derived = selectors.derived_configuration(agent=agent)
-    answers = selectors.requirements_of(agent=agent) if derived is not None else None
+    derived = registry_selectors.derived_configuration(agent=agent)
+    answers = registry_selectors.requirements_of(agent=agent) if derived is not None else None
     budgets: dict[str, dict[str, Any]] = {}
     if derived is None or answers is None or not derived.router.value.get("tiers"):
         tiers_enabled: tuple[str, ...] = (TierChoice.SINGLE_CALL.value,)

@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 from pydantic import ValidationError
 
+from agent_registry import selectors as registry_selectors
 from agent_registry.models import Agent, PromptVersion, Workspace
 from agent_registry.selectors import AgentIds
 from routing import evaluation, exceptions, selectors
@@ -265,7 +266,7 @@ def report_tiers(*, agent: Agent) -> tuple[str, ...]:
     if agent.current_requirements_id is None:
         return REPORT_TIERS
     try:
-        parsed = selectors.requirements_of(agent=agent)
+        parsed = registry_selectors.requirements_of(agent=agent)
     except ValidationError:
         return REPORT_TIERS
     if parsed is None:

@@ -15,8 +15,7 @@ from django.db.models.functions import Concat
 from pgvector import Vector
 from pgvector.django import CosineDistance
 
-from agent_registry import requirements
-from agent_registry.models import Agent, ApiKey, PromptVersion, RequirementsVersion, Workspace
+from agent_registry.models import Agent, ApiKey, PromptVersion, Workspace
 from agent_registry.selectors import apikey_agent_ids
 from config.compiled_query import CompiledQuery, CompiledValues
 from config.errors import NotFound
@@ -248,32 +247,6 @@ def production_prompt_version(*, agent: Agent) -> PromptVersion | None:
     versions = PromptVersion.objects.select_related("prompt").filter(prompt__agent=agent, labels__name="production")
     preferred = versions.filter(prompt__name=f"{agent.slug}/system").first()
     return preferred or versions.order_by("prompt__name").first()
-
-
-@lru_cache(maxsize=512)
-def _requirements(version_id: int) -> requirements.Requirements | None:
-    # Requirements versions are immutable, so their parsed answers (and what they derive) can be kept
-    # per process: the gateway reads them on every request.
-    answers = RequirementsVersion.objects.filter(pk=version_id).values_list("answers", flat=True).first()
-    return None if answers is None else requirements.Requirements.model_validate(answers)
-
-
-@lru_cache(maxsize=512)
-def _derived(version_id: int) -> requirements.DerivedConfiguration | None:
-    answers = _requirements(version_id)
-    return None if answers is None else requirements.derived_configuration(answers)
-
-
-def derived_configuration(*, agent: Agent) -> requirements.DerivedConfiguration | None:
-    if agent.current_requirements_id is None:
-        return None
-    return _derived(agent.current_requirements_id)
-
-
-def requirements_of(*, agent: Agent) -> requirements.Requirements | None:
-    if agent.current_requirements_id is None:
-        return None
-    return _requirements(agent.current_requirements_id)
 
 
 def _nearest(agent_id: int, vector: str, limit: int) -> QuerySet[Any]:

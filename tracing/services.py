@@ -32,6 +32,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from agent_registry import audit
+from agent_registry import selectors as registry_selectors
 from agent_registry import services as registry_services
 from agent_registry.exceptions import AgentSlugTaken
 from agent_registry.models import Agent, AgentStatus, ApiKey, AuditAction, PromptVersion, User, Workspace
@@ -590,19 +591,16 @@ def signal_config_for_agent(agent_id: int) -> signals.SignalConfig:
 
 
 def _signal_settings_for_agent(agent_id: int) -> signals.SignalConfig:
-    from agent_registry import requirements
     from tracing import triage_config
     from tracing.models import TriageSettings
 
     config = signals.DEFAULT_CONFIG
-    answers = (
-        Agent.objects.filter(pk=agent_id, current_requirements__isnull=False)
-        .values_list("current_requirements__answers", flat=True)
-        .first()
-    )
-    if answers is not None:
-        parsed = requirements.Requirements.model_validate(answers)
-        budgets = {budget["tier"]: budget for budget in requirements.derived_configuration(parsed).tier_budgets.value}
+    version_id = Agent.objects.filter(pk=agent_id).values_list("current_requirements_id", flat=True).first()
+    # Parsed once per requirements version and process (versions are immutable), not for every batch.
+    parsed = None if version_id is None else registry_selectors.requirements_version_parsed(version_id)
+    derived = None if version_id is None else registry_selectors.requirements_version_derived(version_id)
+    if parsed is not None and derived is not None:
+        budgets = {budget["tier"]: budget for budget in derived.tier_budgets.value}
         agentic = budgets.get("agentic")
         config = signals.SignalConfig(
             max_steps=agentic["max_steps"] if agentic else None,
