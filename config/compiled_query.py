@@ -5,12 +5,13 @@ makes, where building and compiling the queryset again cost more than running it
         ModelTarget,
         lambda workspace_id, alias: ModelTarget.objects.filter(workspace_id=workspace_id, alias=alias)[:1],
         workspace_id=-7_000_001,
-        alias="\\x00alias",
+        alias="keel-sentinel:alias",
     )
-    targets.rows(workspace_id=1, alias="stub-chat")  # the same instances the queryset returns
+    targets.first(workspace_id=1, alias="stub-chat")  # the instance the queryset returns, or None
 
 The queryset is built once with a sentinel for each value (a value of the field's type that no real query
-uses) and compiled by the ORM; each sentinel in the compiled parameters becomes the caller's value. Values
+uses) and compiled by the ORM; each sentinel in the compiled parameters becomes the caller's value. What
+the ORM writes into the SQL text itself, such as a slice's LIMIT, is fixed at compilation. Values
 come back through the converters the ORM itself would apply, and instances through `Model.from_db`, so
 what a query returns is what its queryset returns; the tests of each use compare the two.
 """
@@ -43,7 +44,7 @@ class _Compiled:
 
 
 class CompiledValues:
-    """A `values_list()` queryset compiled once; `values()` returns its rows as tuples."""
+    """A `values_list()` queryset compiled once; `values()` returns its rows, each a list of values."""
 
     def __init__(self, build: Callable[..., QuerySet[Any]], **sentinels: object) -> None:
         self.build = build
