@@ -109,7 +109,7 @@ _saved_policy = CompiledQuery(
 
 
 def _policy_read(agent: Agent) -> EffectivePolicy:
-    # Parsed once per requirements version (routing's cache), not on every call.
+    # Parsed once per requirements version and process (agent_registry.selectors), not on every call.
     requirements = registry_selectors.requirements_of(agent=agent)
     derived = _derived_policy(agent.current_requirements_id, requirements)
     mandatory = list(derived.mandatory)
