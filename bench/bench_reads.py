@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import multiprocessing
 import os
 import time
@@ -466,7 +467,7 @@ def measure(client: Any, requests: int, long_ids: list[str], short_ids: list[str
     return list(scenarios.values())
 
 
-def explain_plans(client: Any, long_id: str) -> list[tuple[str, str]]:
+def explain_plans(client: Any, short_id: str) -> list[tuple[str, str]]:
     """EXPLAIN ANALYZE of the main query behind a list request (by time, by cost) and a detail request."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -486,9 +487,11 @@ def explain_plans(client: Any, long_id: str) -> list[tuple[str, str]]:
         )
         plans.append((label, _explain_raw(main)))
     with CaptureQueriesContext(connection) as captured:
-        client.get(f"/api/v1/trajectories/{long_id}")
+        client.get(f"/api/v1/trajectories/{short_id}")
     spans = next(q["sql"] for q in captured.captured_queries if 'FROM "tracing_span"' in q["sql"])
-    plans.append(("detail, 200 steps: the span query", _explain_raw(spans)))
+    plans.append(
+        ("detail, 10 spans: the span query (a short trajectory's view is built from its spans)", _explain_raw(spans))
+    )
     return plans
 
 
@@ -565,65 +568,6 @@ def profile_request(client: Any, path: str, params: dict[str, str] | None = None
     return "\n".join(line.replace(str(BASE_DIR) + "/", "") for line in lines[start:])
 
 
-def detail_experiments(long_ids: Sequence[str], repeat: int) -> list[list[str]]:
-    """What the 200-step detail would cost served differently (nothing in Keel is changed):
-
-    - `orjson`: the same data as today, serialised by orjson straight from the dataclasses, instead of
-      `_plain` (a recursive copy), pydantic's validation of `list[dict[str, Any]]` and stdlib json;
-    - `orjson + delta`: as above, with each LLM step's `input_messages` cut to the messages that are new
-      since the previous LLM call (the full history stays available in `conversation`).
-    """
-    import orjson
-
-    from agent_registry.models import Workspace
-    from tracing import selectors
-    from tracing.steps import Step
-
-    workspace = Workspace.objects.get()
-
-    def delta(steps: Sequence[Step]) -> list[Step]:
-        trimmed, seen = [], 0
-        for step in steps:
-            if step.input_messages is not None:
-                trimmed.append(dataclasses.replace(step, input_messages=step.input_messages[seen:]))
-                seen = len(step.input_messages) + (1 if step.output_message is not None else 0)
-            else:
-                trimmed.append(step)
-        return trimmed
-
-    rows = []
-    for label, trim in (("orjson", False), ("orjson + delta", True)):
-        times, cpu_times, sizes = [], [], []
-        for number in range(repeat):
-            started, cpu_started = time.perf_counter(), time.process_time()
-            trajectory = selectors.trajectory_get(workspace=workspace, trace_id=long_ids[number % len(long_ids)])
-            view = selectors.trajectory_view(trajectory=trajectory)
-            body = orjson.dumps(
-                {
-                    "trace_id": trajectory.trace_id,
-                    "step_details": delta(view.steps) if trim else view.steps,
-                    "conversation": view.conversation,
-                    "tool_calls_detail": view.tool_calls,
-                    "tool_definitions": view.tool_definitions,
-                },
-                default=str,
-            )
-            times.append((time.perf_counter() - started) * 1000)
-            cpu_times.append((time.process_time() - cpu_started) * 1000)
-            sizes.append(len(body))
-        rows.append(
-            [
-                f"detail, 200 steps, served as `{label}` (experiment)",
-                str(repeat),
-                f"{percentile(times, 0.5):,.1f} ms",
-                f"{percentile(times, 0.95):,.1f} ms",
-                f"{percentile(cpu_times, 0.5):,.1f} / {percentile(cpu_times, 0.95):,.1f} ms",
-                f"{percentile([float(size) for size in sizes], 0.5) / 1000:,.0f} kB",
-            ]
-        )
-    return rows
-
-
 def _client(key: str) -> Any:
     from django.test import Client
 
@@ -672,6 +616,10 @@ def run(report: Report, *, quick: bool = False, requests: int | None = None, rel
         client = _client(key)
         # Warm up: the first requests pay for imports, connection set-up and cold caches.
         measure(client, 3, long_ids, short_ids)
+        # As a web worker does once the app is loaded and again after its first requests (config/gunicorn.py):
+        # the objects so far (Django's, litellm's price map) leave the cyclic collector's reach, whose full
+        # collections would otherwise walk them all, 200 ms each here, in the middle of measured requests.
+        gc.freeze()
         scenarios = measure(client, requests, long_ids, short_ids)
         report.line(
             f"{requests} rounds of random agent + 7-day window; long trajectories have "
@@ -679,15 +627,6 @@ def run(report: Report, *, quick: bool = False, requests: int | None = None, rel
         )
         report.line()
         scenarios_table(report, scenarios)
-        report.line(
-            "The same 200-step detail served differently (`detail_experiments`: trajectory_get + trajectory_view "
-            "as today, then one orjson.dumps; no auth, middleware or ninja, so a few ms less than a request):"
-        )
-        report.line()
-        report.table(
-            ["variant", "n", "p50", "p95", "Python CPU p50 / p95", "body"],
-            detail_experiments(long_ids, max(5, requests // 10)),
-        )
         report.line(
             "cProfile of one 200-step detail request (top functions by own time; the total includes "
             "cProfile's overhead):"
@@ -704,7 +643,7 @@ def run(report: Report, *, quick: bool = False, requests: int | None = None, rel
                 {"agent": agent, "started_after": after, "started_before": before, "status": "ok", "order": "-cost"},
             )
         )
-        for label, plan in explain_plans(client, long_ids[0]):
+        for label, plan in explain_plans(client, short_ids[0]):
             report.line(f"EXPLAIN ANALYZE, {label}:")
             report.line()
             report.code(plan)

@@ -197,14 +197,11 @@ def _trajectory_out(trajectory: Trajectory) -> dict[str, Any]:
     }
 
 
-def _detail_out(trajectory: Trajectory, document: dict[str, Any]) -> dict[str, Any]:
+def _detail_head(trajectory: Trajectory) -> dict[str, Any]:
+    """The detail's fields besides the steps, conversation, tool calls and tool definitions."""
     return {
         **_trajectory_out(trajectory),
         "prompt_versions": selectors.trajectory_prompt_versions(trajectory=trajectory),
-        "step_details": document["steps"],
-        "conversation": document["conversation"],
-        "tool_calls_detail": document["tool_calls"],
-        "tool_definitions": document["tool_definitions"],
         "metadata": trajectory.metadata,
         "task_id": trajectory.task_id,
         "reward": trajectory.reward,
@@ -282,16 +279,19 @@ def trajectory_get_api(request: HttpRequest, trace_id: str, include_inputs: bool
     trajectory = selectors.trajectory_get(
         workspace=request_workspace(request), trace_id=trace_id, agent_ids=request_agent_ids(request)
     )
-    body = _detail_out(trajectory, selectors.trajectory_view_document(trajectory=trajectory, full=include_inputs))
+    document = selectors.trajectory_view_document(trajectory=trajectory, full=include_inputs)
+    head = _detail_head(trajectory)
     # Serialized here with orjson: the schema above documents the shape, and validating a body of
     # thousands of nested messages through pydantic again would cost more than building it.
     try:
-        content = orjson.dumps(body, default=str)
+        head_json = orjson.dumps(head, default=str)
     except TypeError:
         # An integer past 64 bits, which orjson refuses: a float as large (2e19) in the metadata comes
         # back from PostgreSQL's jsonb as an integer. The standard library writes any integer.
-        content = json.dumps(body, default=str).encode()
-    return HttpResponse(content, content_type="application/json")
+        head_json = json.dumps(head, default=str).encode()
+    # Both are JSON objects with keys of their own: the document's members join the head's as they are,
+    # so a long trajectory's stored steps are never parsed and written again.
+    return HttpResponse(head_json[:-1] + b"," + document[1:], content_type="application/json")
 
 
 @router.get("/trajectories/{trace_id}/scores", auth=READ, response={200: list[ScoreOut], **ERRORS})

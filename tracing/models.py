@@ -104,8 +104,9 @@ class Trajectory(models.Model):
     input_preview = models.TextField(blank=True)
     output_preview = models.TextField(blank=True)
     metadata = models.JSONField(default=dict, blank=True)
-    # The assembled view (tracing.steps.view_document) as JSON text, rebuilt whenever spans arrive, so
-    # reading a long trajectory costs one row instead of re-reading and re-mapping all of its spans.
+    # The assembled view (tracing.steps.view_document_json) as JSON text, rebuilt whenever spans arrive, so
+    # reading a long trajectory costs one row instead of re-reading and re-mapping all of its spans. Blank
+    # for a trajectory of fewer than tracing.services.VIEW_DOCUMENT_MIN_SPANS spans.
     view_document = models.TextField(blank=True)
     # Triage (tracing.signals): the instances found, their names for filtering, the combined score.
     signals = models.JSONField(default=list, blank=True)
@@ -142,7 +143,8 @@ class Span(models.Model):
     (workspace, trace_id, span_id), and every read goes through it. The foreign keys carry no index
     and the trajectory and prompt-version keys no constraint either (a constraint needs an index on
     this side to check deletes): spans leave with their trajectory, explicitly, in
-    tracing.services (retention), by (workspace, trace_id).
+    tracing.services (retention), by (workspace, trace_id). Rows up to 8,160 bytes are stored whole,
+    uncompressed (migration 0015): compressing them cost more of PostgreSQL's time than storing them.
     """
 
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+", db_index=False)

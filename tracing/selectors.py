@@ -28,7 +28,7 @@ from tracing.models import (
 )
 from tracing.records import RECORD_COLUMNS, span_from_record
 from tracing.replay_diff import ReplayDiff, replay_diff
-from tracing.steps import TrajectoryView, trajectory_view_build, view_document
+from tracing.steps import TrajectoryView, trajectory_view_build, view_document_json
 
 AgentIds = Collection[int] | None
 
@@ -206,13 +206,13 @@ def trajectory_view(*, trajectory: Trajectory) -> TrajectoryView:
     return trajectory_view_build(trajectory_spans(trajectory=trajectory), trace_id=trajectory.trace_id)
 
 
-def trajectory_view_document(*, trajectory: Trajectory, full: bool = False) -> dict[str, Any]:
-    """The trajectory's steps as the API shows them: stored with the trajectory when its spans were
-    written, or built from the spans when asked for every call's full input (or not stored yet)."""
+def trajectory_view_document(*, trajectory: Trajectory, full: bool = False) -> bytes:
+    """The trajectory's steps as the API shows them, as JSON (tracing.steps.view_document_json): stored
+    with a long trajectory when its spans were written, else (a short one, or every call's full input
+    asked for) built from the spans."""
     if trajectory.view_document and not full:
-        document: dict[str, Any] = orjson.loads(trajectory.view_document)
-        return document
-    return view_document(trajectory_view(trajectory=trajectory), full_inputs=full)
+        return trajectory.view_document.encode()
+    return view_document_json(trajectory_view(trajectory=trajectory), full_inputs=full)
 
 
 def trajectory_prompt_versions(*, trajectory: Trajectory) -> list[dict[str, Any]]:

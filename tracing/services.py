@@ -51,7 +51,7 @@ from tracing.models import (
     Trajectory,
 )
 from tracing.records import json_dumps, span_from_record, span_record
-from tracing.steps import TrajectoryView, trajectory_view_build, view_document
+from tracing.steps import TrajectoryView, trajectory_view_build, view_document_json
 
 logger = logging.getLogger("tracing.services")
 
@@ -662,77 +662,58 @@ def _ns_datetime(ns: int) -> datetime:
     return datetime.fromtimestamp(ns / 1e9, tz=UTC)
 
 
-def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence[otlp.Span]) -> int:
-    """Store the spans not stored yet and re-assemble their trajectories; returns how many were new.
+@dataclass
+class _BatchWrite:
+    """What one batch writes: span rows, trajectory rows, prompt uses and result shapes, collected as its
+    traces are assembled (tracing.services.spans_write)."""
 
-    Precondition: runs inside a transaction (the trajectory row locks are held until it commits).
-    """
-    if not spans:
-        return 0
-    overrides = selectors.model_price_overrides(workspace_id=workspace.pk)
-    by_trace: dict[str, dict[str, otlp.Span]] = defaultdict(dict)
-    for span in spans:
-        by_trace[span.trace_id].setdefault(span.span_id, _priced(span, overrides))
-    trace_ids = sorted(by_trace)
-    now = timezone.now()
-
-    with connection.cursor() as cursor:
-        # Make sure every touched trajectory has a row, then lock them all in one order, so concurrent
-        # batches of the same trace take turns and each one sees the spans the other committed.
-        first_start = {trace_id: min(s.start_time_ns for s in by_trace[trace_id].values()) for trace_id in trace_ids}
-        cursor.execute(
-            """
-            INSERT INTO tracing_trajectory (
-                workspace_id, trace_id, name, status, started_at, ended_at, latency_ms, span_count, step_count,
-                llm_call_count, tool_call_count, error_count, input_tokens, output_tokens, total_tokens,
-                cost_usd, session_id, user_id, tags, task_id, input_preview, output_preview, metadata,
-                signals, signal_names, triage_score, signal_errors, view_document, created_at, updated_at)
-            SELECT %s, t.trace_id, '', 'running', t.started_at, t.started_at, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                   '', '', '{}', '', '', '', '{}', '[]', '{}', 0, '[]', '', %s, %s
-            FROM unnest(%s::text[], %s::timestamptz[]) AS t(trace_id, started_at)
-            ON CONFLICT (workspace_id, trace_id) DO NOTHING
-            """,
-            [workspace.pk, now, now, trace_ids, [_ns_datetime(first_start[t]) for t in trace_ids]],
-        )
-        cursor.execute(
-            "SELECT id, trace_id, span_count, agent_id FROM tracing_trajectory "
-            "WHERE workspace_id = %s AND trace_id = ANY(%s) ORDER BY trace_id FOR UPDATE",
-            [workspace.pk, trace_ids],
-        )
-        trajectories = {trace_id: (pk, count, agent_id) for pk, trace_id, count, agent_id in cursor.fetchall()}
-
-    # Only traces with spans already stored need them read back.
-    stored = selectors.trace_spans(
-        workspace_id=workspace.pk, trace_ids=[t for t in trace_ids if trajectories[t][1] > 0]
-    )
-    prompt_versions = _prompt_versions(workspace, (s for trace in by_trace.values() for s in trace.values()))
-    agents = _AgentResolver(workspace, api_key)
-    signal_configs = _SignalConfigs()
+    workspace_id: int
+    now: datetime
+    prompt_versions: Mapping[tuple[str, str], int]
+    agents: _AgentResolver
+    signal_configs: _SignalConfigs
+    span_rows: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
+    new_spans: list[otlp.Span] = dataclasses.field(default_factory=list)
+    trajectory_prompts: set[tuple[int, int]] = dataclasses.field(default_factory=set)
     # (agent id, tool name, shape key) -> results of that shape the batch's new spans carry
-    shape_counts: Counter[tuple[int, str, str]] = Counter()
-    shapes: dict[str, dict[str, str]] = {}
+    shape_counts: Counter[tuple[int, str, str]] = dataclasses.field(default_factory=Counter)
+    shapes: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
 
-    new_rows: list[tuple[Any, ...]] = []
-    new_spans: list[otlp.Span] = []
-    updates: list[tuple[Any, ...]] = []
-    trajectory_prompts: set[tuple[int, int]] = set()
-    for trace_id in trace_ids:
-        trajectory_id, _, agent_id = trajectories[trace_id]
-        known = {span.span_id for span in stored.get(trace_id, ())}
-        fresh = [span for span_id, span in by_trace[trace_id].items() if span_id not in known]
-        new_spans.extend(fresh)
+    def trajectory(
+        self, trace_id: str, agent_id: int | None, stored: Sequence[otlp.Span], fresh: Sequence[otlp.Span]
+    ) -> tuple[Any, ...]:
+        """Assemble the trace from its `stored` and `fresh` spans; returns its trajectory row's values
+        (`_TRAJECTORY_COLUMNS`, the row id left as None) and counts the fresh spans' result shapes."""
+        trace_spans = [*stored, *fresh]
+        view = trajectory_view_build(trace_spans, trace_id=trace_id)
+        if agent_id is None:
+            agent_id = self.agents.resolve(view.agent_name)
+        # Triage as the spans arrive: a trajectory's signals are current whenever it is read.
+        report = self.signal_configs.report(agent_id, view, counted={span.span_id for span in stored})
+        if agent_id is not None:
+            fresh_ids = {span.span_id for span in fresh}
+            for result in report.result_shapes:
+                if result.span_id in fresh_ids and len(result.tool_name) <= _TOOL_NAME_LENGTH:
+                    shape = _storable_shape(result.shape)
+                    key = _shape_key(shape)
+                    self.shapes[key] = shape
+                    self.shape_counts[agent_id, result.tool_name, key] += 1
+        return _trajectory_values(None, agent_id, view, _trajectory_metadata(trace_spans), report, self.now)
+
+    def spans_add(self, trajectory_id: int, fresh: Sequence[otlp.Span]) -> None:
+        self.new_spans.extend(fresh)
         for span in fresh:
             prompt_version_id = (
-                prompt_versions.get((span.prompt_name, span.prompt_version or "production"))
+                self.prompt_versions.get((span.prompt_name, span.prompt_version or "production"))
                 if span.prompt_name
                 else None
             )
             if prompt_version_id is not None:
-                trajectory_prompts.add((trajectory_id, prompt_version_id))
+                self.trajectory_prompts.add((trajectory_id, prompt_version_id))
             record = span_record(span)
-            new_rows.append(
+            self.span_rows.append(
                 (
-                    workspace.pk,
+                    self.workspace_id,
                     trajectory_id,
                     record.trace_id,
                     record.span_id,
@@ -752,48 +733,100 @@ def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence
                     record.cost_usd,
                     prompt_version_id,
                     record.data,
-                    now,
+                    self.now,
                 )
             )
-        if not fresh:
-            continue
-        trace_spans = [*stored.get(trace_id, ()), *fresh]
-        view = trajectory_view_build(trace_spans, trace_id=trace_id)
-        if agent_id is None:
-            agent_id = agents.resolve(view.agent_name)
-        # Triage as the spans arrive: a trajectory's signals are current whenever it is read.
-        report = signal_configs.report(agent_id, view, counted=known)
-        if agent_id is not None:
-            fresh_ids = {span.span_id for span in fresh}
-            for result in report.result_shapes:
-                if result.span_id in fresh_ids and len(result.tool_name) <= _TOOL_NAME_LENGTH:
-                    shape = _storable_shape(result.shape)
-                    key = _shape_key(shape)
-                    shapes[key] = shape
-                    shape_counts[agent_id, result.tool_name, key] += 1
-        updates.append(
-            _trajectory_values(trajectory_id, agent_id, view, _trajectory_metadata(trace_spans), report, now)
-        )
 
-    with connection.cursor() as cursor:
-        if new_rows:
-            with cursor.cursor.copy(f"COPY tracing_span ({', '.join(_SPAN_COLUMNS)}) FROM STDIN") as copy:
-                for row in new_rows:
+
+def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence[otlp.Span]) -> int:
+    """Store the spans not stored yet and re-assemble their trajectories; returns how many were new.
+
+    Precondition: runs inside a transaction (the trajectory row locks are held until it commits).
+
+    A trace new to Keel gets its trajectory row with its final values in one INSERT. A trace that has one
+    already is locked and re-assembled from all of its spans. Concurrent batches never wait on each other
+    in a cycle: each inserts its new rows first and then locks the existing ones, both in trace-id order,
+    and an insert that meets another batch's row waits for that batch to commit, then finds it existing.
+    """
+    if not spans:
+        return 0
+    overrides = selectors.model_price_overrides(workspace_id=workspace.pk)
+    by_trace: dict[str, dict[str, otlp.Span]] = defaultdict(dict)
+    for span in spans:
+        by_trace[span.trace_id].setdefault(span.span_id, _priced(span, overrides))
+    trace_ids = sorted(by_trace)
+    batch = _BatchWrite(
+        workspace_id=workspace.pk,
+        now=timezone.now(),
+        prompt_versions=_prompt_versions(workspace, (s for trace in by_trace.values() for s in trace.values())),
+        agents=_AgentResolver(workspace, api_key),
+        signal_configs=_SignalConfigs(),
+    )
+    connection.ensure_connection()
+    # Server-side binding: Django's cursors would spell every array of JSON text out into the statement.
+    with psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(
+            "SELECT trace_id FROM tracing_trajectory WHERE workspace_id = %s AND trace_id = ANY(%s)",
+            [workspace.pk, trace_ids],
+        )
+        existing = {row[0] for row in cursor.fetchall()}
+        new = [trace_id for trace_id in trace_ids if trace_id not in existing]
+        if new:
+            rows = [batch.trajectory(trace_id, None, (), list(by_trace[trace_id].values())) for trace_id in new]
+            inserted = _trajectories_insert(cursor, workspace.pk, new, rows, batch.now)
+            # A trace another batch inserted meanwhile is assembled again below, with that batch's spans.
+            existing.update(trace_id for trace_id in new if trace_id not in inserted)
+            for trace_id, trajectory_id in inserted.items():
+                batch.spans_add(trajectory_id, list(by_trace[trace_id].values()))
+        if existing:
+            _trajectories_reassemble(cursor, workspace.pk, sorted(existing), by_trace, batch)
+        if batch.span_rows:
+            with cursor.copy(f"COPY tracing_span ({', '.join(_SPAN_COLUMNS)}) FROM STDIN") as copy:
+                for row in batch.span_rows:
                     copy.write_row(row)
-        if updates:
-            _trajectories_update(cursor, updates)
-        if trajectory_prompts:
-            pairs = sorted(trajectory_prompts)
+        if batch.trajectory_prompts:
+            pairs = sorted(batch.trajectory_prompts)
             cursor.execute(
                 "INSERT INTO tracing_trajectory_prompt_versions (trajectory_id, promptversion_id) "
                 "SELECT * FROM unnest(%s::bigint[], %s::bigint[]) ON CONFLICT DO NOTHING",
                 [[t for t, _ in pairs], [p for _, p in pairs]],
             )
-        if shape_counts:
+        if batch.shape_counts:
             # Last, so the history rows other batches of the agent update stay locked only until the commit.
-            _tool_result_shapes_record(cursor, shape_counts, shapes, now)
-    langfuse_bridge.langfuse_export_spans(workspace_id=workspace.pk, spans=new_spans)
-    return len(new_rows)
+            _tool_result_shapes_record(cursor, batch.shape_counts, batch.shapes, batch.now)
+    langfuse_bridge.langfuse_export_spans(workspace_id=workspace.pk, spans=batch.new_spans)
+    return len(batch.span_rows)
+
+
+def _trajectories_reassemble(
+    cursor: Any,
+    workspace_id: int,
+    trace_ids: list[str],
+    by_trace: Mapping[str, Mapping[str, otlp.Span]],
+    batch: _BatchWrite,
+) -> None:
+    """Lock the trajectories of traces Keel has seen before, in one order, and assemble each again from
+    the spans stored before (committed by other batches, which the lock waited for) and this batch's."""
+    cursor.execute(
+        "SELECT id, trace_id, span_count, agent_id FROM tracing_trajectory "
+        "WHERE workspace_id = %s AND trace_id = ANY(%s) ORDER BY trace_id FOR UPDATE",
+        [workspace_id, trace_ids],
+    )
+    locked = {trace_id: (pk, count, agent_id) for pk, trace_id, count, agent_id in cursor.fetchall()}
+    stored = selectors.trace_spans(workspace_id=workspace_id, trace_ids=[t for t in trace_ids if locked[t][1] > 0])
+    updates = []
+    for trace_id in trace_ids:
+        trajectory_id, _, agent_id = locked[trace_id]
+        before = stored.get(trace_id, [])
+        known = {span.span_id for span in before}
+        fresh = [span for span_id, span in by_trace[trace_id].items() if span_id not in known]
+        if not fresh:
+            continue
+        values = batch.trajectory(trace_id, agent_id, before, fresh)
+        updates.append((trajectory_id, *values[1:]))
+        batch.spans_add(trajectory_id, fresh)
+    if updates:
+        _trajectories_update(cursor, updates)
 
 
 _TOOL_NAME_LENGTH = ToolResultShape._meta.get_field("tool_name").max_length or 0
@@ -917,7 +950,7 @@ def signal_report_json(report: signals.SignalReport) -> dict[str, Any]:
 
 
 def _trajectory_values(
-    trajectory_id: int,
+    trajectory_id: int | None,
     agent_id: int | None,
     view: TrajectoryView,
     metadata: dict[str, Any],
@@ -956,28 +989,64 @@ def _trajectory_values(
         json_dumps(triage["signal_names"]),
         triage["triage_score"],
         json_dumps(triage["signal_errors"]),
-        orjson.dumps(view_document(view), default=str).decode(),
+        _stored_view_document(view),
         now,
     )
 
 
-_ASSIGNMENTS = {
-    "tags": "tags = ARRAY(SELECT jsonb_array_elements_text(v.tags::jsonb))",
-    "signal_names": "signal_names = ARRAY(SELECT jsonb_array_elements_text(v.signal_names::jsonb))",
-    "metadata": "metadata = v.metadata::jsonb",
-    "signals": "signals = v.signals::jsonb",
-    "signal_errors": "signal_errors = v.signal_errors::jsonb",
+# From how many spans on a trajectory keeps its assembled view (Trajectory.view_document). Below, the API
+# builds it from the spans when asked, in about the time it takes to read it back; storing it would double
+# what ingest writes for a short trajectory (its view is about as long as all of its spans' data together).
+VIEW_DOCUMENT_MIN_SPANS = 50
+
+
+def _stored_view_document(view: TrajectoryView) -> str:
+    if view.totals.span_count < VIEW_DOCUMENT_MIN_SPANS:
+        return ""
+    return view_document_json(view).decode()
+
+
+# How a column's value from unnest() becomes the column's: JSON text back into jsonb and arrays.
+_EXPRESSIONS = {
+    "tags": "ARRAY(SELECT jsonb_array_elements_text(v.tags::jsonb))",
+    "signal_names": "ARRAY(SELECT jsonb_array_elements_text(v.signal_names::jsonb))",
+    "metadata": "v.metadata::jsonb",
+    "signals": "v.signals::jsonb",
+    "signal_errors": "v.signal_errors::jsonb",
 }
+
+
+def _unnest(columns: Sequence[tuple[str, str]]) -> str:
+    arrays = ", ".join(f"%s::{kind}[]" for _, kind in columns)
+    return f"unnest({arrays}) WITH ORDINALITY AS v({', '.join(name for name, _ in columns)}, position)"
+
+
+def _trajectories_insert(
+    cursor: Any, workspace_id: int, trace_ids: Sequence[str], rows: Sequence[tuple[Any, ...]], now: datetime
+) -> dict[str, int]:
+    """Insert the trajectories of new traces with their values (`_trajectory_values`), in trace-id order;
+    returns trace id → row id of those inserted. A trace whose row another batch inserted is left out:
+    the insert waits until that batch has committed, then does nothing."""
+    columns = (("trace_id", "text"), *_TRAJECTORY_UPDATE_COLUMNS[1:])
+    names = [name for name, _ in _TRAJECTORY_UPDATE_COLUMNS[1:]]
+    values = ", ".join(_EXPRESSIONS.get(name, f"v.{name}") for name in names)
+    arrays = [list(trace_ids), *(list(column) for column in list(zip(*rows, strict=True))[1:])]
+    cursor.execute(
+        f"INSERT INTO tracing_trajectory (workspace_id, trace_id, created_at, {', '.join(names)}) "
+        f"SELECT %s, v.trace_id, %s, {values} FROM {_unnest(columns)} ORDER BY v.position "
+        "ON CONFLICT (workspace_id, trace_id) DO NOTHING RETURNING trace_id, id",
+        [workspace_id, now, *arrays],
+    )
+    return dict(cursor.fetchall())
 
 
 def _trajectories_update(cursor: Any, updates: list[tuple[Any, ...]]) -> None:
     names = [name for name, _ in _TRAJECTORY_UPDATE_COLUMNS]
-    arrays = ", ".join(f"%s::{kind}[]" for _, kind in _TRAJECTORY_UPDATE_COLUMNS)
-    assignments = ", ".join(_ASSIGNMENTS.get(name, f"{name} = v.{name}") for name in names[1:])
+    assignments = ", ".join(f"{name} = {_EXPRESSIONS.get(name, f'v.{name}')}" for name in names[1:])
     columns = [list(column) for column in zip(*updates, strict=True)]
     cursor.execute(
         f"UPDATE tracing_trajectory AS t SET {assignments} "
-        f"FROM unnest({arrays}) AS v({', '.join(names)}) WHERE t.id = v.id",
+        f"FROM {_unnest(_TRAJECTORY_UPDATE_COLUMNS)} WHERE t.id = v.id",
         columns,
     )
 
@@ -1138,7 +1207,7 @@ def trajectory_signals_recompute(*, trajectory_ids: Sequence[int]) -> int:
         # Ingest has counted every result of the trajectory by now (`counted=None`); the counts stay.
         report = configs.report(trajectory.agent_id, view, counted=None)
         Trajectory.objects.filter(pk=trajectory.pk).update(
-            **signal_report_json(report), view_document=orjson.dumps(view_document(view), default=str).decode()
+            **signal_report_json(report), view_document=_stored_view_document(view)
         )
         updated += 1
     return updated

@@ -25,7 +25,7 @@ import json
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass
 from functools import lru_cache
 from typing import Any, Final, Literal
 
@@ -754,26 +754,25 @@ def trajectory_view_build(spans: Iterable[Span], *, trace_id: str | None = None)
 
 # --- As a document ---------------------------------------------------------------------------------
 
-
-def _plain(value: Any) -> Any:
-    """Dataclasses (steps, tool calls) as JSON-ready values; orjson does the walk in C."""
-    return orjson.loads(orjson.dumps(value, default=str))
+_STEP_FIELDS: Final = tuple(field.name for field in fields(Step))
 
 
-def view_document(view: TrajectoryView, *, full_inputs: bool = False) -> dict[str, Any]:
-    """The view as JSON-ready data: what the API returns and what Keel stores with each trajectory.
+def view_document_json(view: TrajectoryView, *, full_inputs: bool = False) -> bytes:
+    """The view as the JSON object the trajectory detail API shows under its own keys: `step_details`,
+    `conversation`, `tool_calls_detail`, `tool_definitions`. Keel stores it with long trajectories, and
+    the API splices it into its answer as it is (tracing.api), without parsing it again.
 
     Each LLM call lists only the input messages it added to what the previous call saw (with
     `input_message_count` for its whole input) unless `full_inputs`: every call repeats the history,
     so full inputs grow with the square of the trajectory's length.
     """
-    steps = []
+    steps: list[Step | dict[str, Any]] = []
     previous: tuple[dict[str, Any], ...] = ()
     previous_output: dict[str, Any] | None = None
     for step in view.steps:
         inputs = step.input_messages
         if step.kind != "llm_call" or inputs is None:
-            steps.append(_plain(step))
+            steps.append(step)
             continue
         shown = inputs
         if not full_inputs:
@@ -782,13 +781,27 @@ def view_document(view: TrajectoryView, *, full_inputs: bool = False) -> dict[st
             # The previous call's answer opens this call's new input; it is shown with that call.
             if shown and previous_output is not None and shown[0] == previous_output:
                 shown = shown[1:]
-        detail = _plain(replace(step, input_messages=shown))
+        # A shallow dict of the step's fields: orjson writes the nested values (messages, usage) itself.
+        detail = {name: getattr(step, name) for name in _STEP_FIELDS}
+        detail["input_messages"] = shown
         detail["input_message_count"] = len(inputs)
         steps.append(detail)
         previous, previous_output = inputs, step.output_message
-    return {
-        "steps": steps,
-        "conversation": _plain(view.conversation),
-        "tool_calls": _plain(view.tool_calls),
-        "tool_definitions": _plain(view.tool_definitions),
+    document = {
+        "step_details": steps,
+        "conversation": view.conversation,
+        "tool_calls_detail": view.tool_calls,
+        "tool_definitions": view.tool_definitions,
     }
+    try:
+        return orjson.dumps(document, default=str)
+    except TypeError:
+        # An integer past 64 bits, which orjson refuses: tool arguments and results read by the standard
+        # library's JSON parser (`_parse`) keep them. The standard library writes any integer.
+        return json.dumps(document, default=_json_fallback).encode()
+
+
+def _json_fallback(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return {item.name: getattr(value, item.name) for item in fields(value)}
+    return str(value)

@@ -6,7 +6,7 @@ from agent_registry import services as registry_services
 from agent_registry.tests.factories import AgentFactory
 from tracing import services, signals
 from tracing.models import Score, Trajectory
-from tracing.tests.agent_traces import refund_conversation
+from tracing.tests.agent_traces import long_conversation, refund_conversation
 
 pytestmark = pytest.mark.django_db
 
@@ -180,14 +180,61 @@ def test_a_key_limited_to_one_agent_sees_only_its_trajectories(traces, workspace
     assert Trajectory.objects.count() == 3
 
 
-def test_the_stored_view_is_the_view_of_the_stored_spans(traces, workspace):
+def test_a_short_trajectory_keeps_no_view_and_its_detail_is_built_from_its_spans(traces, workspace, api_client_for):
+    client = api_client_for(workspace, scopes=["read"])
+
+    detail = client.get(f"/api/v1/trajectories/{traces['a']}").json()
+
+    assert list(Trajectory.objects.values_list("view_document", flat=True)) == ["", "", ""]
+    assert [step["kind"] for step in detail["step_details"]] == [
+        "agent",
+        "message",
+        "llm_call",
+        "tool_call",
+        "llm_call",
+    ]
+    assert [message["role"] for message in detail["conversation"]] == ["user", "assistant", "assistant"]
+    assert (detail["trace_id"], detail["steps"], detail["metadata"]) == (traces["a"], 5, {})
+
+
+def test_a_long_trajectory_keeps_its_view_which_the_detail_sends_as_stored(otel, workspace, api_client_for):
     import orjson
 
     from tracing import selectors
-    from tracing.steps import view_document
+    from tracing.steps import view_document_json
 
-    for trace_id in traces.values():
-        trajectory = Trajectory.objects.get(workspace=workspace, trace_id=trace_id)
-        assert trajectory.view_document  # written when the spans were
-        rebuilt = view_document(selectors.trajectory_view(trajectory=trajectory))
-        assert orjson.loads(trajectory.view_document) == orjson.loads(orjson.dumps(rebuilt))
+    AgentFactory.create(workspace=workspace, slug="ride-support")
+    trace_id = long_conversation(otel.tracer(), turns=25)
+    _ingest(otel, workspace)
+    client = api_client_for(workspace, scopes=["read"])
+    trajectory = Trajectory.objects.get(workspace=workspace, trace_id=trace_id)
+
+    served = client.get(f"/api/v1/trajectories/{trace_id}")
+    rebuilt = view_document_json(selectors.trajectory_view(trajectory=trajectory))
+    Trajectory.objects.filter(pk=trajectory.pk).update(view_document="")
+    built = client.get(f"/api/v1/trajectories/{trace_id}")
+
+    assert trajectory.span_count == 51 >= services.VIEW_DOCUMENT_MIN_SPANS
+    assert trajectory.view_document.encode() == rebuilt
+    assert served.status_code == built.status_code == 200
+    assert served.json() == built.json()
+    assert served.json()["step_details"] == orjson.loads(rebuilt)["step_details"]
+    assert [step["kind"] for step in served.json()["step_details"]][:4] == ["agent", "message", "llm_call", "tool_call"]
+    assert served.json()["steps"] == trajectory.step_count == len(served.json()["step_details"])
+
+
+def test_a_detail_with_integers_past_64_bits_is_written_whole(otel, workspace, api_client_for):
+    AgentFactory.create(workspace=workspace, slug="ride-support")
+    # Without tool spans, the results are read from the messages, by the standard library's JSON parser.
+    trace_id = long_conversation(otel.tracer(), turns=50, tool_spans=False, big_number=True)
+    _ingest(otel, workspace)
+    client = api_client_for(workspace, scopes=["read"])
+
+    stored = client.get(f"/api/v1/trajectories/{trace_id}")
+    full = client.get(f"/api/v1/trajectories/{trace_id}", {"include_inputs": "true"})
+
+    assert Trajectory.objects.get(trace_id=trace_id).view_document
+    assert stored.status_code == full.status_code == 200
+    results = [call["result"] for call in stored.json()["tool_calls_detail"]]
+    assert results[0] == {"trip": 0, "status": "done", "ref": 123456789012345678901234567}
+    assert full.content.count(b"123456789012345678901234567") >= 49
