@@ -7,7 +7,8 @@ What runs (all on this machine, which has 2 cores):
   database for Keel (`keel_bench_ingest`) and one for Phoenix (`phoenix_bench`).
 - Keel: gunicorn (2 workers × 4 threads) and a Celery worker (prefork, 2) as `make run` starts them,
   on a broker directory of the benchmark's own; a workspace and an `ingest` key created with
-  agent_registry.services.
+  agent_registry.services. The web processes store each OTLP request before answering it (at most
+  KEEL_INGEST_CONCURRENCY at a time each); the worker only stores a request that failed there.
 - Phoenix: `phoenix serve` from its own virtualenv (var/bench/phoenix-venv, see bench/phoenix.py),
   with PHOENIX_SQL_DATABASE_URL on the same server, telemetry and external resources off.
 - Load: 2 generator processes × 4 threads (8 keep-alive connections) POST pre-built request bodies
@@ -632,7 +633,6 @@ def _profile_in_process(profile_report: Report, templates: list[Template]) -> No
     profile.batch_profile(profile_report, fresh_body)
     profile.index_experiment(profile_report, fresh_body)
     connections.close_all()
-    profile.batch_insert_experiment(profile_report, templates[0].body)
 
 
 def phoenix_run(options: Options, templates: list[Template]) -> list[Phase]:

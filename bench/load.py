@@ -10,9 +10,9 @@ database afterwards to check what Keel stored.
 1. A seed request, waited for until stored: its first trajectory is the one the dashboard prober opens.
 2. `capacity` (unless given): `capacity_seconds` of closed-loop OTLP/protobuf sends (`senders` threads,
    each sending its next request as soon as the last one is answered, and after a refusal waiting out
-   its Retry-After, as an exporter does), then a drain. The worker had work from its first batch (about
-   a second in) to the end of the drain, so the rate at which it stored spans over that time is the
-   sustained capacity.
+   its Retry-After, as an exporter does), then a drain of anything left to the worker (a request Keel
+   failed to store in the web process). Keel stored spans from the first request (about a second in)
+   to the end, so the rate at which it stored them over that time is the sustained capacity.
 3. `overload`: requests offered at `factor` × capacity (open loop: a fixed schedule of send times shared
    by the sender threads, whatever the answers) for `seconds`, then a drain. A refused request (429 or
    503) is sent again, with the same body, in the first free slot after its Retry-After, at most
@@ -620,16 +620,15 @@ def _phase_run(
 
 
 def _stored_spans(workspace_id: int) -> int:
-    """Spans the worker has stored for the workspace: those of its finished batches (one small query on
-    the batch table, rather than counting a growing span table twice a second)."""
+    """Spans Keel has stored for the workspace: the span counts of its trajectories, which are written in the
+    same transaction as their spans, by the web (OTLP) or a worker (a batch). One query on the trajectory
+    table, a tenth of the span table's rows, rather than counting a growing span table twice a second."""
     from django.db.models import Sum
 
-    from tracing.models import BatchStatus, IngestBatch
+    from tracing.models import Trajectory
 
-    done = IngestBatch.objects.filter(workspace_id=workspace_id, status=BatchStatus.DONE).aggregate(
-        total=Sum("span_count")
-    )["total"]
-    return int(done or 0)
+    stored = Trajectory.objects.filter(workspace_id=workspace_id).aggregate(total=Sum("span_count"))["total"]
+    return int(stored or 0)
 
 
 def ingest_drain(workspace_id: int, timeout: float, stalled_after: float = 30.0) -> tuple[bool, float, int]:
@@ -714,7 +713,7 @@ def ingest_load(keel: Keel, world: IngestWorld, options: IngestOptions) -> Inges
             measuring = Phase("capacity", options.capacity_seconds, 0.0)
             _phase_run(world, keel.port, ledger, measuring, options.senders, spans_per_request, options.drain_timeout)
             phases.append(measuring)
-            # The worker always had work from its first batch (about a second in) to the end of the drain.
+            # Keel stored spans from the first request (about a second in) to the end of the drain.
             capacity = measuring.stored_rate(1.0, math.inf)
             if not capacity > 0:
                 raise RuntimeError(f"no spans were stored while measuring capacity: {measuring.stored}")

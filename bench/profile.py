@@ -29,32 +29,34 @@ if TYPE_CHECKING:
 # py-spy counts a thread blocked in psycopg's wait loop as active; those samples are time waiting for
 # PostgreSQL (its CPU is counted under postgres), not Python work, so they get a stage of their own.
 WAIT = ("waiting for PostgreSQL (psycopg wait loop)", r"^(\w+\.)?wait(_c|_conn)? \(.*psycopg")
-WEB_STAGES: tuple[tuple[str, str], ...] = (
-    WAIT,
-    ("validate the body (otlp.validate_request)", r"^(validate_request|_validate_protobuf|_parse_protobuf) "),
-    ("store the batch (INSERT body + commit)", r"^_batch_store "),
-    ("back-pressure check (backlog query)", r"^(_backlog_check|spans) \(.*services"),
-    ("authenticate the key", r"^(api_key_from_headers|_key_with_scope|apikey_authenticate) "),
-    ("read the request body", r"^(_read_body|read) \(.*(otlp_api|wsgi|django/core/handlers)"),
-    ("enqueue the task (Celery publish)", r"^(delay|apply_async) "),
-    ("Django request handling (middleware, routing, response)", r"django/"),
-    ("gunicorn (HTTP parsing, socket I/O)", r"gunicorn/"),
-)
-WORKER_STAGES: tuple[tuple[str, str], ...] = (
-    WAIT,
+# Decoding, mapping and writing spans: the web's work for an OTLP request, the worker's for a batch.
+PIPELINE_STAGES: tuple[tuple[str, str], ...] = (
     ("decode protobuf (otlp.decode_request)", r"^(decode_request|_decode_protobuf|_parse_protobuf|_pb_\w+) "),
     ("map spans (otlp.map_spans)", r"^(map_spans|map_span|_map) \(.*otlp"),
     ("price spans (_priced, litellm price map)", r"^(_priced|_price_overrides) "),
-    ("read back stored spans (_stored_spans)", r"^_stored_spans "),
+    ("read back stored spans (trace_spans)", r"^trace_spans "),
     ("assemble trajectories (steps.trajectory_view_build)", r"^trajectory_view_build "),
     ("triage signals (signals.signals_compute)", r"^signals_compute "),
     ("trajectory row values (_trajectory_values, previews)", r"^_trajectory_values "),
     ("span rows: JSON of `data` (records.span_record)", r"^span_record "),
     ("COPY spans (psycopg copy.write_row)", r"^(write_row|write|_write_gen) \(.*psycopg"),
-    ("update trajectories (UPDATE … FROM unnest)", r"^_trajectories_update "),
+    ("insert and update trajectories (… FROM unnest)", r"^(_trajectories_insert|_trajectories_update) "),
     ("claim the batch, read its body", r"^_batch_claim "),
     ("other SQL and commit (psycopg)", r"psycopg/"),
-    ("other span_batch_process / spans_write", r"^(span_batch_process|spans_write|_batch_spans) "),
+    ("other of spans_write", r"^(span_batch_process|spans_write|_batch_spans|ingest_otlp_accept) "),
+)
+WEB_STAGES: tuple[tuple[str, str], ...] = (
+    WAIT,
+    ("authenticate the key", r"^(api_key_from_headers|_key_with_scope|apikey_authenticate) "),
+    ("read the request body", r"^(_read_body|read) \(.*(otlp_api|wsgi|django/core/handlers)"),
+    ("wait for a turn (ingest_gate)", r"^(turn|acquire) \(.*(services|threading)"),
+    *PIPELINE_STAGES,
+    ("Django request handling (middleware, routing, response)", r"django/"),
+    ("gunicorn (HTTP parsing, socket I/O)", r"gunicorn/"),
+)
+WORKER_STAGES: tuple[tuple[str, str], ...] = (
+    WAIT,
+    *PIPELINE_STAGES,
     ("Celery / kombu (task fetch, ack, broker polling)", r"(celery|kombu|billiard)/"),
 )
 
@@ -110,70 +112,10 @@ def report_profile(report: Report, phase: Phase, directory: Path) -> None:
     report.table(["process", "stage", "share of samples", "µs per stored span"], rows)
 
 
-def batch_insert_experiment(report: Report, body: bytes, repeat: int = 30) -> None:
-    """What storing one request body costs, by how it is sent and stored (a scratch table, same server).
-
-    Keel's `IngestBatch.objects.create(body=...)` goes through Django's psycopg cursor, which binds on the
-    client: the bytes travel as a hex literal inside the SQL text, which PostgreSQL parses back, and the
-    `bytea` column then compresses it with pglz (the embedded build has no lz4). The variants: the same
-    with the column's storage EXTERNAL (no compression), a server-side bound binary parameter, and both.
-    """
-    import psycopg
-    from psycopg import ClientCursor
-
-    from bench import stack
-
-    database = stack.database_fresh("bench_scratch")
-    rows = []
-    with psycopg.connect(database.conninfo(), autocommit=True) as setup:
-        setup.execute("CREATE TABLE extended (id bigserial PRIMARY KEY, body bytea NOT NULL)")
-        setup.execute("CREATE TABLE external (id bigserial PRIMARY KEY, body bytea NOT NULL)")
-        setup.execute("ALTER TABLE external ALTER COLUMN body SET STORAGE EXTERNAL")
-    postmaster = stack.postmaster_pid()
-    for table in ("extended", "external"):
-        for binding in ("client-side literal (Django's default)", "server-side binary parameter"):
-            client = binding.startswith("client")
-            with psycopg.connect(
-                database.conninfo(), cursor_factory=ClientCursor if client else psycopg.Cursor
-            ) as connection:
-                pg_before = stack.cpu_seconds(stack.process_tree(postmaster)) if postmaster else 0.0
-                started = time.perf_counter()
-                cpu_started = time.process_time()
-                for _ in range(repeat):
-                    with connection.transaction():
-                        connection.execute(
-                            f"INSERT INTO {table} (body) VALUES (%s)",
-                            [body] if client else [psycopg.Binary(body)],
-                            prepare=False,
-                        )
-                wall = (time.perf_counter() - started) / repeat
-                python_cpu = (time.process_time() - cpu_started) / repeat
-                pg_cpu = (stack.cpu_seconds(stack.process_tree(postmaster)) - pg_before) / repeat if postmaster else 0.0
-            rows.append(
-                [
-                    f"storage {table.upper()}, {binding}",
-                    f"{wall * 1000:.1f} ms",
-                    f"{python_cpu * 1000:.1f} ms",
-                    f"{pg_cpu * 1000:.1f} ms",
-                ]
-            )
-    with psycopg.connect(database.conninfo(), autocommit=True) as connection:
-        sizes = connection.execute(
-            "SELECT pg_size_pretty(pg_total_relation_size('extended')), "
-            "pg_size_pretty(pg_total_relation_size('external'))"
-        ).fetchone()
-    report.line(
-        f"Storing one {len(body) / 1e6:.2f} MB request body ({repeat} INSERTs + commits each, one connection, "
-        f"scratch tables; stored size pglz vs none: {sizes[0] if sizes else '?'} vs {sizes[1] if sizes else '?'}):"
-    )
-    report.line()
-    report.table(["variant", "wall per insert", "client CPU", "PostgreSQL CPU"], rows)
-
-
 KEY_FUNCTIONS = (
-    r"\((span_batch_process|_batch_claim|_batch_spans|decode_request|map_spans|spans_write|_priced|_stored_spans"
-    r"|trajectory_view_build|span_record|_trajectory_values|_trajectories_update|_prompt_versions"
-    r"|ingest_otlp_accept|validate_request|_batch_store|_backlog_check)\)"
+    r"\((span_batch_process|_batch_claim|_batch_spans|decode_request|map_spans|spans_write|_priced|trace_spans"
+    r"|trajectory_view_build|signals_compute|span_record|_trajectory_values|_trajectories_insert"
+    r"|_trajectories_update|_trajectories_reassemble|_prompt_versions|ingest_otlp_accept|turn)\)"
     r"|\(write_row\)|\(commit\)"
 )
 
@@ -188,48 +130,40 @@ def _cumulative(profiler: cProfile.Profile) -> str:
 
 
 def batch_profile(report: Report, fresh_body: Callable[[int], bytes], repeat: int = 5) -> None:
-    """The web's and the worker's code paths in this process, one request at a time, no contention.
+    """The web's code path for an OTLP request in this process, one request at a time, no contention.
 
     Precondition: Django is set up for the ingest benchmark's database, which has one ingest key, and
-    Keel's own processes are not running yet (the batches' task messages go to a broker nobody reads).
+    Keel's own processes are not running yet.
     """
     from agent_registry.models import ApiKey
     from tracing import otlp, services
 
     api_key = ApiKey.objects.select_related("workspace").get()
-    accept: list[tuple[float, float]] = []
-    process: list[tuple[float, float]] = []
+    timings: list[tuple[float, float]] = []
     spans = 0
+    profiler = cProfile.Profile()
     for number in range(repeat + 1):
         body = fresh_body(number)  # new trace ids each time: a repeated body would store nothing
         started, cpu_started = time.perf_counter(), time.process_time()
+        if number == repeat:
+            profiler.enable()
         accepted = services.ingest_otlp_accept(
             api_key=api_key, body=body, content_type=otlp.CONTENT_TYPE_PROTOBUF, content_encoding=""
         )
-        accept.append((time.perf_counter() - started, time.process_time() - cpu_started))
-        assert accepted.batch_id is not None
-        started, cpu_started = time.perf_counter(), time.process_time()
-        if number == repeat:
-            profiler = cProfile.Profile()
-            profiler.enable()
-        spans = services.span_batch_process(batch_id=accepted.batch_id)
         if number == repeat:
             profiler.disable()
         elif number > 0:  # the first one pays for imports and caches
-            process.append((time.perf_counter() - started, time.process_time() - cpu_started))
-    accept = accept[1:repeat]
-    wall = sum(w for w, _ in process) / len(process)
-    cpu = sum(c for _, c in process) / len(process)
-    accept_wall = sum(w for w, _ in accept) / len(accept)
-    accept_cpu = sum(c for _, c in accept) / len(accept)
+            timings.append((time.perf_counter() - started, time.process_time() - cpu_started))
+        assert accepted.batch_id is None, "the request was kept as a batch: writing it failed (see the log)"
+        spans = accepted.accepted_spans
+    wall = sum(w for w, _ in timings) / len(timings)
+    cpu = sum(c for _, c in timings) / len(timings)
     report.line(
-        f"One process, no contention, {spans} spans per batch ({len(process)} batches): "
-        f"`services.ingest_otlp_accept` (the web's work) {accept_wall * 1000:.0f} ms wall / "
-        f"{accept_cpu * 1000:.0f} ms CPU per request = {spans / accept_wall:,.0f} spans/s per thread; "
-        f"`services.span_batch_process` (the worker's work) {wall * 1000:.0f} ms wall / {cpu * 1000:.0f} ms "
-        f"Python CPU per batch = **{spans / wall:,.0f} spans/s per worker process** "
+        f"One process, no contention, {spans} spans per request ({len(timings)} requests): "
+        f"`services.ingest_otlp_accept` (the web's work: decode, map, write, commit) {wall * 1000:.0f} ms wall / "
+        f"{cpu * 1000:.0f} ms Python CPU per request = **{spans / wall:,.0f} spans/s per thread** "
         f"({wall / spans * 1e6:.0f} µs/span, of which {cpu / spans * 1e6:.0f} µs Python CPU; the rest is "
-        "waiting for PostgreSQL). cProfile of one batch, cumulative time of the pipeline's stages:"
+        "waiting for PostgreSQL). cProfile of one request, cumulative time of the pipeline's stages:"
     )
     report.line()
     report.code(_cumulative(profiler).replace(str(BASE_DIR) + "/", ""))

@@ -4,8 +4,8 @@ The agents are instrumented as a team would instrument them: the OpenTelemetry S
 semantic conventions (an `invoke_agent` root span, a `chat` span per model call carrying the messages,
 an `execute_tool` span per tool call) and Langfuse's prompt attributes naming the prompt version each
 call used. The spans are recorded in memory on a simulated clock, encoded as OTLP/protobuf, and
-ingested through Keel's own path: `ingest_otlp_accept` with a demo ingest key, then
-`span_batch_process`, run here synchronously instead of by a worker.
+ingested through Keel's own path: `ingest_otlp_accept` with a demo ingest key, which stores them
+before it returns.
 
 Seeding is idempotent: randomness is seeded per trajectory, trace ids are derived from fixed keys,
 and only the trajectories whose trace ids are not stored yet are recorded; scores are added once.
@@ -1118,7 +1118,7 @@ def demo_traces_seed(workspace: Workspace) -> int:
             content_type=PROTOBUF,
             content_encoding="",
         )
-        if accepted.batch_id is not None:
+        if accepted.batch_id is not None:  # kept as a batch when writing in the request failed: as a worker would
             services.span_batch_process(batch_id=accepted.batch_id)
 
     for turn in turns:

@@ -1,23 +1,29 @@
 """Writes of tracing: accepting ingest, turning batches into spans and trajectories, scores, retention.
 
-Ingest has two halves. `ingest_otlp_accept` / `ingest_trajectories_accept` run in the request: they
-validate the body, store it as one `IngestBatch` row and commit before the client hears "OK", so
-whatever Keel acknowledged survives any crash after that point. `span_batch_process` runs in a worker:
-it claims the batch with a conditional UPDATE (so a redelivered task is a no-op), writes the spans
-that are not stored yet and re-assembles each touched trajectory from all of its spans while holding
-that trajectory's row lock. A batch whose worker died stays `processing` until its lease expires;
-`ingest_batch_sweep` then hands it to another worker.
+OTLP requests, the bulk of ingest, are stored in the request: `ingest_otlp_accept` decodes the spans,
+writes those not stored yet and re-assembles each touched trajectory while holding its row lock, and
+commits before the client hears "OK", so whatever Keel acknowledged is queryable at once and survives any
+crash after that point. A process stores at most KEEL_INGEST_CONCURRENCY requests at a time; one that
+cannot start within KEEL_INGEST_MAX_QUEUE_SECONDS is refused with 429 and Retry-After.
+
+JSON trajectories and Keel's own spans (the gateway's) take the other way, through a queue: their
+accept functions store the body as one `IngestBatch` row and commit before answering, and
+`span_batch_process` runs in a worker: it claims the batch with a conditional UPDATE (so a redelivered
+task is a no-op) and writes it as above. A batch whose worker died stays `processing` until its lease
+expires; `ingest_batch_sweep` then hands it to another worker. An OTLP request whose spans Keel fails to
+write for a reason other than the database (a bug) is kept the same way, as a batch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -188,9 +194,10 @@ def _batch_store(
 
 
 def _spans_per_request_check(count: int) -> None:
-    """Refuse (413) a request of more spans than one batch may hold. A worker builds every span of a batch
-    and of its trajectories at once, so an unbounded count is unbounded memory: 16 MB of tiny spans is
-    about 330,000 of them, and one trace of that many took 7 GB to store."""
+    """Refuse (413) a request of more spans than one request may hold. Storing a request (in the web
+    process, or a batch in a worker) builds every span of it and of its trajectories at once, so an
+    unbounded count is unbounded memory: 16 MB of tiny spans is about 330,000 of them, and one trace of
+    that many took 7 GB to store."""
     limit: int = settings.KEEL_INGEST_MAX_SPANS_PER_REQUEST
     if count > limit:
         raise exceptions.IngestPayloadTooLarge(
@@ -198,16 +205,59 @@ def _spans_per_request_check(count: int) -> None:
         )
 
 
-def ingest_otlp_accept(*, api_key: ApiKey, body: bytes, content_type: str, content_encoding: str) -> IngestAccepted:
-    """Validate an OTLP/HTTP export request and store it; returns what was accepted and rejected.
+class _IngestGate:
+    """How many OTLP requests of this process decode and store at once (KEEL_INGEST_CONCURRENCY). The
+    others wait for a turn, at most KEEL_INGEST_MAX_QUEUE_SECONDS, then are refused: a request waits
+    where its client can see it fail and retry, not in a queue that grows past what Keel can store.
+    With the interpreter lock, two requests per process keep a core busy while one waits for
+    PostgreSQL; the process's other threads stay free for the dashboard and the gateway."""
 
-    Raises IngestContentTypeUnsupported, IngestPayloadInvalid, IngestPayloadTooLarge (a body past the
-    decompressed limit, or more than KEEL_INGEST_MAX_SPANS_PER_REQUEST spans) or IngestBacklogFull,
-    having stored nothing.
-    """
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._slots: tuple[int, threading.BoundedSemaphore] | None = None
+
+    def _semaphore(self) -> threading.BoundedSemaphore:
+        concurrency: int = settings.KEEL_INGEST_CONCURRENCY
+        with self._lock:
+            if self._slots is None or self._slots[0] != concurrency:
+                self._slots = (concurrency, threading.BoundedSemaphore(concurrency))
+            return self._slots[1]
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        """Hold one of the process's turns; raises IngestBacklogFull when none came in time."""
+        semaphore = self._semaphore()
+        wait: float = settings.KEEL_INGEST_MAX_QUEUE_SECONDS
+        if not semaphore.acquire(timeout=wait):
+            raise exceptions.IngestBacklogFull(
+                f"every turn to store a request stayed taken for {wait:g} s; retry shortly",
+                retry_after=settings.KEEL_INGEST_RETRY_AFTER_SECONDS,
+            )
+        try:
+            yield
+        finally:
+            semaphore.release()
+
+
+ingest_gate = _IngestGate()
+
+
+def _otlp_decode(
+    body: bytes, content_type: str, content_encoding: str, *, full: bool
+) -> otlp.ExportRequest | otlp.ExportSummary:
+    """The request's spans (`full`), or only what would be accepted and rejected; raises Keel's ingest
+    errors for a body that cannot be read."""
     try:
+        if full:
+            return otlp.decode_request(
+                body,
+                content_type,
+                content_encoding or None,
+                max_decompressed_bytes=settings.KEEL_MAX_DECOMPRESSED_BYTES,
+                max_attribute_length=settings.KEEL_MAX_ATTRIBUTE_LENGTH,
+            )
         # Counts and errors exactly as the worker's full decode will see them, at a fraction of its cost.
-        summary = otlp.validate_request(
+        return otlp.validate_request(
             body, content_type, content_encoding or None, max_decompressed_bytes=settings.KEEL_MAX_DECOMPRESSED_BYTES
         )
     except otlp.UnsupportedContentType as error:
@@ -216,13 +266,58 @@ def ingest_otlp_accept(*, api_key: ApiKey, body: bytes, content_type: str, conte
         raise exceptions.IngestPayloadTooLarge(str(error)) from None
     except otlp.OtlpError as error:
         raise exceptions.IngestPayloadInvalid(str(error)) from None
-    accepted = summary.accepted_spans
+
+
+def _otlp_accepted(summary: otlp.ExportRequest | otlp.ExportSummary) -> int:
+    """How many spans of the request can be stored; raises when none can or too many came at once."""
+    accepted = summary.accepted_spans if isinstance(summary, otlp.ExportSummary) else len(summary.spans)
     if not accepted and summary.rejected_spans:
         # Nothing in the request can be stored: that is a bad request, not a partial success.
         raise exceptions.IngestPayloadInvalid(f"no span can be stored: {summary.error_message}")
+    if accepted:
+        _spans_per_request_check(accepted)
+    return accepted
+
+
+def ingest_otlp_accept(*, api_key: ApiKey, body: bytes, content_type: str, content_encoding: str) -> IngestAccepted:
+    """Decode an OTLP/HTTP export request and store its spans and trajectories before returning what was
+    accepted and rejected (`batch_id` is None: no worker is involved).
+
+    Raises IngestContentTypeUnsupported, IngestPayloadInvalid, IngestPayloadTooLarge (a body past the
+    decompressed limit, or more than KEEL_INGEST_MAX_SPANS_PER_REQUEST spans) or IngestBacklogFull (no
+    turn came in time), having stored nothing, and the database's OperationalError or InterfaceError when
+    it went away (nothing is stored: the client retries).
+    """
+    request = _otlp_decode(body, content_type, content_encoding, full=True)
+    assert isinstance(request, otlp.ExportRequest)
+    accepted = _otlp_accepted(request)
     if not accepted:
         return IngestAccepted(None, 0, 0, "")
-    _spans_per_request_check(accepted)
+    with ingest_gate.turn():
+        try:
+            spans = otlp.map_spans(request.spans)
+            with transaction.atomic():
+                spans_write(workspace=api_key.workspace, api_key=api_key, spans=spans)
+        except (OperationalError, InterfaceError):
+            raise
+        except Exception:
+            # A bug in mapping or assembly, which a retry would meet again: the request is kept as a batch,
+            # and acknowledged as stored, for a worker to try (and, failing, for a person to replay).
+            logger.exception("tracing.ingest_deferred", extra={"spans": accepted})
+            return ingest_otlp_defer(
+                api_key=api_key, body=body, content_type=content_type, content_encoding=content_encoding
+            )
+    return IngestAccepted(None, accepted, request.rejected_spans, request.error_message)
+
+
+def ingest_otlp_defer(*, api_key: ApiKey, body: bytes, content_type: str, content_encoding: str) -> IngestAccepted:
+    """Validate an OTLP/HTTP export request and store it as a batch for a worker; returns what was
+    accepted and rejected, with the batch's id. Raises as `ingest_otlp_accept` does, the backlog's
+    IngestBacklogFull included."""
+    summary = _otlp_decode(body, content_type, content_encoding, full=False)
+    accepted = _otlp_accepted(summary)
+    if not accepted:
+        return IngestAccepted(None, 0, 0, "")
     _backlog_check(accepted)
     batch_id = _batch_store(
         api_key=api_key,

@@ -23,11 +23,9 @@ def record_trajectory(otel: OtelRecorder) -> Callable[..., str]:  # noqa: F811 -
             AgentFactory.create(workspace=workspace, slug="ride-support")
         trace_id = refund_conversation(otel.tracer(), question=question)
         api_key, _ = registry_services.apikey_create(workspace=workspace, name="ingest", scopes=["ingest"])
-        accepted = tracing_services.ingest_otlp_accept(
+        tracing_services.ingest_otlp_accept(
             api_key=api_key, body=otel.protobuf(), content_type="application/x-protobuf", content_encoding=""
         )
-        assert accepted.batch_id is not None
-        tracing_services.span_batch_process(batch_id=accepted.batch_id)
         otel.exporter.clear()
         return trace_id
 

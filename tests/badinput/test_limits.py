@@ -1,7 +1,8 @@
 """Limits on every surface that takes a body: an oversized body is 413 before it is read, JSON nested
 10,000 deep and bytes that are not UTF-8 are a clear 4xx, JSON that PostgreSQL cannot hold (NaN, NUL,
 lone surrogates) is refused before anything is written, a 5 MB attribute value is stored cut with a
-marker, and the largest protobuf of tiny spans that fits under the body limit is taken in bounded memory."""
+marker, and the largest protobuf of tiny spans that fits under the body limit is refused in bounded memory
+(and one at the span limit stored in bounded memory by the request that brought it)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from django.conf import settings
 from django.test import Client
 
+from agent_registry import services as registry_services
 from agent_registry.tests.factories import prompt_with_versions
 from evals import services as evals_services
 from tests.badinput.conftest import assert_refused, row_counts
@@ -136,7 +138,7 @@ def ready(workspace, agent, gateway, raw_key):
 
 def test_each_surface_accepts_its_wrapped_body(ready, settings):
     """The bodies below are refused for what is in them, not for their shape."""
-    settings.KEEL_INGEST_MAX_QUEUE_SECONDS = 3600  # no worker runs here: the batches wait
+    settings.KEEL_INGEST_MAX_QUEUE_SECONDS = 3600  # no worker runs here: the JSON trajectories' batches wait
     for surface in SURFACES:
         response = surface.post(ready, surface.wrap(b'"hello"'))
         assert response.status_code in (200, 201, 202), (surface.name, response.status_code, response.content[:300])
@@ -242,9 +244,9 @@ OTLP_STORED = {"nan": None, "infinity": None, "nul": "a\ufffdb", "lone-surrogate
 
 
 @pytest.mark.parametrize(("name", "value"), UNSTORABLE.items(), ids=UNSTORABLE.keys())
-def test_otlp_json_keeps_what_it_can_of_unstorable_values(ready, name, value):
-    """OTLP keeps a span whose attribute holds a NUL (as U+FFFD) or a lone surrogate (replaced); a body
-    that is not JSON (NaN, infinities) is refused whole (400), never stored half."""
+def test_otlp_json_keeps_what_it_can_of_unstorable_values(ready, workspace, name, value):
+    """OTLP keeps a span whose attribute holds a NUL (as U+FFFD) or a lone surrogate (replaced), stored by
+    the time it answers; a body that is not JSON (NaN, infinities) is refused whole (400), never stored half."""
     surface = SURFACES[-1]
     before = row_counts()
 
@@ -255,10 +257,10 @@ def test_otlp_json_keeps_what_it_can_of_unstorable_values(ready, name, value):
         assert row_counts() == before
         return
     assert response.status_code == 200, response.content[:300]
-    batch = IngestBatch.objects.get()
-    assert tracing_services.span_batch_process(batch_id=batch.pk) == 1
+    # Stored in the request: no batch was left for a worker (which would mean writing it hit a bug).
+    assert not IngestBatch.objects.exists()
     trace_id = "5b8efff798038103d269b633813fc60c"
-    (span,) = selectors.trace_spans(workspace_id=batch.workspace_id, trace_ids=[trace_id])[trace_id]
+    (span,) = selectors.trace_spans(workspace_id=workspace.pk, trace_ids=[trace_id])[trace_id]
     assert span.attributes == {"k": OTLP_STORED[name]}
 
 
@@ -328,8 +330,7 @@ def test_a_five_megabyte_attribute_is_stored_cut_to_the_limit_with_a_marker(read
     response = ready.post("/v1/traces", body, content_type=PROTOBUF)
 
     assert response.status_code == 200
-    batch = IngestBatch.objects.get()
-    assert tracing_services.span_batch_process(batch_id=batch.pk) == 1
+    assert not IngestBatch.objects.exists()  # stored in the request, not left for a worker
     (span,) = selectors.trace_spans(workspace_id=workspace.pk, trace_ids=[TRACE_ID.hex()])[TRACE_ID.hex()]
     limit = settings.KEEL_MAX_ATTRIBUTE_LENGTH
     marker = otlp.TRUNCATION_MARKER.format(length=len(value))
@@ -393,24 +394,25 @@ def tiny_spans_request(count: int, *, distinct_traces: bool = False) -> bytes:
 
 def test_sixteen_megabytes_of_tiny_spans_are_refused_with_413_in_bounded_memory(ready):
     """About 330,000 spans fit in 16 MB (a million would need 50 MB). Accepted, one trace of that many
-    took a worker 7 GB to store; the request is refused instead, having built none of them."""
+    took a worker 7 GB to store; the request is refused instead, having stored none of them."""
     one = len(tiny_spans_request(1)) - len(_request(b""))
     count = min(1_000_000, (settings.DATA_UPLOAD_MAX_MEMORY_SIZE - 64) // one)
     body = tiny_spans_request(count)
     assert len(body) <= settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    before = row_counts()
 
     with PeakRss() as peak:
         response = ready.post("/v1/traces", body, content_type=PROTOBUF)
 
     assert_refused(response, 413)
     assert f"holds {count:,} spans" in response.json()["detail"]
-    assert not IngestBatch.objects.exists()
+    assert row_counts() == before
     if peak.grown_mib is not None:
         assert peak.grown_mib < 1024, f"refusing took {peak.grown_mib:.0f} MiB"
 
 
 @pytest.mark.parametrize("path", ["/v1/traces", "/api/v1/ingest/trajectories"])
-def test_one_span_over_the_per_request_limit_is_413_and_the_limit_itself_is_taken(ready, settings, path):
+def test_one_span_over_the_per_request_limit_is_413_and_the_limit_itself_is_taken(ready, workspace, settings, path):
     settings.KEEL_INGEST_MAX_SPANS_PER_REQUEST = 40
     if path == "/v1/traces":
         over, at = tiny_spans_request(41), tiny_spans_request(40)
@@ -423,12 +425,23 @@ def test_one_span_over_the_per_request_limit_is_413_and_the_limit_itself_is_take
         )
         content_type = "application/json"
 
+    before = row_counts()
+
     refused = ready.post(path, over, content_type=content_type)
+    after_refused = row_counts()
     taken = ready.post(path, at, content_type=content_type)
 
     assert "send at most 40 per request" in assert_refused(refused, 413)["detail"]
-    assert taken.status_code in (200, 202), taken.content[:300]
-    assert IngestBatch.objects.get().span_count == 40
+    assert after_refused == before
+    if path == "/v1/traces":
+        # OTLP is stored in the request that brings it; no batch is left for a worker.
+        assert taken.status_code == 200, taken.content[:300]
+        assert not IngestBatch.objects.exists()
+        assert Span.objects.filter(workspace=workspace).count() == 40
+    else:
+        # JSON trajectories are queued whole, as one batch, for a worker.
+        assert taken.status_code == 202, taken.content[:300]
+        assert IngestBatch.objects.get().span_count == 40
 
 
 LONG = pytest.mark.skipif(not os.environ.get("KEEL_FUZZ_EXAMPLES"), reason="long: set KEEL_FUZZ_EXAMPLES to run it")
@@ -436,14 +449,40 @@ LONG = pytest.mark.skipif(not os.environ.get("KEEL_FUZZ_EXAMPLES"), reason="long
 
 @LONG
 @pytest.mark.parametrize("distinct_traces", [False, True], ids=["one-trace", "a-trace-each"])
-def test_a_worker_stores_a_request_at_the_span_limit_in_bounded_memory(ready, workspace, distinct_traces):
+def test_a_request_at_the_span_limit_is_stored_in_bounded_memory(ready, workspace, distinct_traces):
+    """The web process decodes and stores an OTLP request itself, so the bound a worker keeps must hold
+    for the request too: measured around the POST, which answers once the spans are stored."""
     count = settings.KEEL_INGEST_MAX_SPANS_PER_REQUEST
-    assert (
-        ready.post("/v1/traces", tiny_spans_request(count, distinct_traces=distinct_traces), content_type=PROTOBUF)
-    ).status_code == 200
+    body = tiny_spans_request(count, distinct_traces=distinct_traces)
 
     with PeakRss() as peak:
-        written = tracing_services.span_batch_process(batch_id=IngestBatch.objects.get().pk)
+        response = ready.post("/v1/traces", body, content_type=PROTOBUF)
+
+    assert response.status_code == 200, response.content[:300]
+    assert not IngestBatch.objects.exists()
+    assert Span.objects.filter(workspace=workspace).count() == count
+    if peak.grown_mib is not None:
+        print(f"request: {count} spans, peak RSS rose {peak.grown_mib:.0f} MiB")
+        assert peak.grown_mib < 1024, f"the request took {peak.grown_mib:.0f} MiB"
+
+
+@LONG
+@pytest.mark.parametrize("distinct_traces", [False, True], ids=["one-trace", "a-trace-each"])
+def test_a_worker_stores_a_deferred_request_at_the_span_limit_in_bounded_memory(workspace, distinct_traces):
+    """A request whose writing hit a bug is left as a batch (`ingest_otlp_defer`), and a worker stores it
+    whole: the same bound holds there."""
+    count = settings.KEEL_INGEST_MAX_SPANS_PER_REQUEST
+    api_key, _ = registry_services.apikey_create(workspace=workspace, name="ingest", scopes=["ingest"])
+    deferred = tracing_services.ingest_otlp_defer(
+        api_key=api_key,
+        body=tiny_spans_request(count, distinct_traces=distinct_traces),
+        content_type=PROTOBUF,
+        content_encoding="",
+    )
+    assert deferred.batch_id is not None
+
+    with PeakRss() as peak:
+        written = tracing_services.span_batch_process(batch_id=deferred.batch_id)
 
     assert written == count
     assert Span.objects.filter(workspace=workspace).count() == count

@@ -1,11 +1,13 @@
-"""POST /v1/traces end to end: what ingest acknowledges, the worker stores, and it reads back as sent.
+"""POST /v1/traces end to end: what ingest acknowledges is stored by the time it answers, and reads back
+as sent.
 
 tracing/tests/test_otlp_fuzz.py fuzzes the parser alone (no exception but OtlpError, validation agrees
 with decoding) and tracing/tests/test_api_ingest.py checks that random bodies get no 5xx. Here the
-request goes through the view and the batch through the worker: generated spans (any ids, names,
+request goes through the view, which stores its spans before answering: generated spans (any ids, names,
 times up to the last storable nanosecond, every attribute type) read back equal, with the documented
 normalizations (a NUL becomes U+FFFD, NaN and infinities become text, bytes become base64); a mutated
-body is either refused with a 4xx that leaves every table as it was, or stored whole by the worker.
+body is either refused with a 4xx that leaves every table as it was, or stored whole in the request,
+never left as a batch for a worker (which ingest does only when writing the spans hit a bug).
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from tests.badinput.conftest import assert_refused, fuzz, rolled_back, row_counts
 from tracing import otlp, selectors
-from tracing import services as tracing_services
 from tracing.models import IngestBatch
 from tracing.tests.conftest import otlp_json_document
 from tracing.tests.test_otlp_fuzz import MUTATION, mutate
@@ -107,22 +108,17 @@ def export_request(items: list[PbSpan]) -> ExportTraceServiceRequest:
 
 
 def _post_and_store(client: Any, body: bytes, content_type: str, **headers: str) -> Any:
-    """POST a body; when it is taken, run the worker on the batch and check it stored every span."""
+    """POST a body; when it is taken, check that the request stored it rather than leave it to a worker."""
     before = row_counts()
-    batches = set(IngestBatch.objects.values_list("pk", flat=True))
+    batches = IngestBatch.objects.count()
     response = client.post("/v1/traces", body, content_type=content_type, headers=headers)
     assert response.status_code < 500, response.content[:500]
     if response.status_code != 200:
         assert_refused(response, 400, 413, 415)
         assert row_counts() == before
         return response
-    new = list(IngestBatch.objects.exclude(pk__in=batches))
-    assert len(new) <= 1
-    for batch in new:
-        tracing_services.span_batch_process(batch_id=batch.pk)
-        batch.refresh_from_db()
-        # What ingest acknowledged is stored: the worker never fails on it.
-        assert (batch.status, batch.error) == ("done", ""), batch.error
+    # What ingest acknowledged is stored: writing it in the request never fails and falls back to a batch.
+    assert IngestBatch.objects.count() == batches
     return response
 
 

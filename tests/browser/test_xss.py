@@ -19,7 +19,7 @@ from agent_registry.tests.factories import PASSWORD, AgentFactory, MembershipFac
 from tests.browser.pages import log_in
 from tests.security.payloads import hex_id, json_trajectory, otlp_document, payload
 from tracing import services as tracing_services
-from tracing.models import BatchStatus, IngestBatch
+from tracing.models import BatchStatus, IngestBatch, Trajectory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -33,13 +33,18 @@ def _ingest(workspace: Any) -> dict[str, str]:
     session = payload("session")
     otlp_trace = hex_id(0xB0B, 32)
     otlp = agent.post("/v1/traces", json.dumps(otlp_document(otlp_trace, session)), content_type="application/json")
+    # OTLP is stored by the time it is answered; the JSON trajectory waits in a batch for the worker.
+    assert otlp.status_code == 200
+    assert Trajectory.objects.filter(workspace=workspace, trace_id=otlp_trace).exists()
     plain = agent.post(
         "/api/v1/ingest/trajectories", json.dumps(json_trajectory(session)), content_type="application/json"
     )
-    assert (otlp.status_code, plain.status_code) == (200, 202)
-    for batch_id in IngestBatch.objects.filter(status=BatchStatus.PENDING).values_list("pk", flat=True):
-        tracing_services.span_batch_process(batch_id=batch_id)
-    return {"otlp": otlp_trace, "json": plain.json()["trace_ids"][0]}
+    assert plain.status_code == 202
+    (batch_id,) = IngestBatch.objects.filter(status=BatchStatus.PENDING).values_list("pk", flat=True)
+    tracing_services.span_batch_process(batch_id=batch_id)
+    (json_trace,) = plain.json()["trace_ids"]
+    assert Trajectory.objects.filter(workspace=workspace, trace_id=json_trace).exists()
+    return {"otlp": otlp_trace, "json": json_trace}
 
 
 def test_a_malicious_trajectory_is_only_text_in_the_step_through_view(page: Page, live_server: LiveServer) -> None:

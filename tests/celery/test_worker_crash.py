@@ -1,8 +1,9 @@
 """A worker killed with SIGKILL in the middle of a span batch loses nothing that Keel acknowledged.
 
-The batch was stored before the client heard "OK". The dead worker's transaction rolls back, the
-batch stays claimed until its lease runs out, the sweeper hands it to the next worker, and every span
-ends up stored exactly once."""
+The batch was stored before the client heard "OK" (`ingest_otlp_defer`, the way an OTLP request that could not
+be written in the request takes; JSON trajectories and the gateway's spans are batches the same way). The dead
+worker's transaction rolls back, the batch stays claimed until its lease runs out, the sweeper hands it to the
+next worker, and every span ends up stored exactly once."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def test_a_batch_whose_worker_is_killed_is_stored_once_by_the_next_worker(tmp_pa
     recorder = OtelRecorder()
     for number in range(CONVERSATIONS):
         refund_conversation(recorder.tracer(), session=f"s-{number}")
-    accepted = services.ingest_otlp_accept(
+    accepted = services.ingest_otlp_defer(
         api_key=api_key, body=recorder.protobuf(), content_type="application/x-protobuf", content_encoding=""
     )
     assert accepted.accepted_spans == 4 * CONVERSATIONS

@@ -1,10 +1,12 @@
 """The scripts in examples/, run as a person runs them: as programs, configured only by environment
 variables, sending to a live Keel (pytest-django's live_server) over HTTP.
 
-The test has no Celery worker, so it processes the batches the examples left as the worker would
-(`span_batch_process`), then reads the trajectories back through the API and compares them with
-what the ride-support agent did: its tickets, tool calls, answers and token counts are fixed by the
-examples' fake model, and written out here in full rather than read from the examples' code.
+OTLP requests are stored by the time Keel answers them, so once an OTLP example has exited its spans
+are there and no batch is left. The JSON example's trajectories are queued as batches, and the test
+has no Celery worker: it processes them as the worker would (`span_batch_process`). Then it reads the
+trajectories back through the API and compares them with what the ride-support agent did: its
+tickets, tool calls, answers and token counts are fixed by the examples' fake model, and written out
+here in full rather than read from the examples' code.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from django.test import Client
 from agent_registry import services as registry_services
 from agent_registry.tests.factories import AgentFactory
 from tracing import services
-from tracing.models import BatchStatus, IngestBatch, Trajectory
+from tracing.models import BatchStatus, IngestBatch, Span, Trajectory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -184,8 +186,15 @@ def _sent(result: subprocess.CompletedProcess[str]) -> tuple[list[str], str]:
     return [trace_id for trace_id, _ in sent], sessions.pop()
 
 
+def _stored_when_answered(workspace) -> int:
+    """How many spans an OTLP example left stored; none of them waits in a batch for a worker, since
+    Keel answered each export only once its spans were stored."""
+    assert not IngestBatch.objects.filter(workspace=workspace).exists()
+    return Span.objects.filter(workspace=workspace).count()
+
+
 def _batches_process(workspace) -> int:
-    """What the worker would do: process every batch the examples left, in the order they arrived."""
+    """What the worker would do: process every batch the JSON example left, in the order they arrived."""
     batch_ids = (
         IngestBatch.objects.filter(workspace=workspace).order_by("received_at", "pk").values_list("pk", flat=True)
     )
@@ -356,7 +365,7 @@ def test_otel_sdk_agent_configured_by_the_standard_variables(keel, workspace, tm
     )
     trace_ids, session_id = _sent(result)
 
-    assert _batches_process(workspace) == 14
+    assert _stored_when_answered(workspace) == 14
 
     details = _trajectories_check(keel, trace_ids, session_id, GEN_AI_NAMES)
     for detail in details:
@@ -370,7 +379,7 @@ def test_otel_sdk_agent_with_keel_url_and_key(keel, workspace, tmp_path):
     result = _run("otel_sdk_agent.py", tmp_path, KEEL_URL=keel.url, KEEL_API_KEY=keel.key)
     trace_ids, session_id = _sent(result)
 
-    assert _batches_process(workspace) == 14
+    assert _stored_when_answered(workspace) == 14
 
     _trajectories_check(keel, trace_ids, session_id, GEN_AI_NAMES)
 
@@ -380,7 +389,7 @@ def test_openinference_openai_agent(keel, workspace, tmp_path):
     result = _run("openinference_openai_agent.py", tmp_path, KEEL_URL=keel.url, KEEL_API_KEY=keel.key)
     trace_ids, session_id = _sent(result)
 
-    assert _batches_process(workspace) == 14
+    assert _stored_when_answered(workspace) == 14
 
     details = _trajectories_check(keel, trace_ids, session_id, OPENINFERENCE_NAMES)
     for detail, ticket in zip(details, TICKETS, strict=True):
@@ -417,4 +426,5 @@ def test_an_example_whose_key_may_not_ingest_fails_and_stores_nothing(keel, work
     assert (result.returncode, result.stdout) == (1, "")
     assert complaint in result.stderr
     assert not IngestBatch.objects.filter(workspace=workspace).exists()
+    assert not Span.objects.filter(workspace=workspace).exists()
     assert not Trajectory.objects.filter(workspace=workspace).exists()

@@ -3,11 +3,14 @@ committed is lost, and none is done twice.
 
 A real Celery worker consumes from that Redis. While Redis is up, one batch is processed (the worker is
 live) and another is queued with the worker not consuming (its message sits in Redis). Then Redis is killed,
-which loses that message. During the outage an OTLP batch is posted and an eval run is started through the
+which loses that message. During the outage a batch is posted and an eval run is started through the
 API: both are acknowledged (the rows are committed; publishing fails and is logged, it does not turn the
 answer into a 500). Redis comes back empty, the worker reconnects by itself, and the sweepers (which beat
 runs every minute; here the test sends them) hand every committed unit out again: each batch is stored
 once, the run completes asking the model once per sample.
+
+The batches are JSON trajectories (POST /api/v1/ingest/trajectories, 202), which are queued for a worker; an OTLP
+request is written in the request and never reaches the broker.
 
 A Redis that stops answering without going away (frozen: SIGSTOP here, a network partition in life) must
 not hang the request that sends a task: Keel's settings give the Redis transport a socket timeout."""
@@ -38,8 +41,15 @@ from evals import runs
 from evals.models import Run, RunSample, RunStatus
 from tests.celery.processes import BASE_DIR, PROCESS_TESTS, celery_producer, celery_start, celery_stop, process_env
 from tests.celery.test_eval_runs import _dispatching_to, _stub, _suite
-from tests.faults.traffic import SPANS_PER_TRACE, RedisServer, otlp_json, record_facts, trace_ids_new, wait_for
-from tracing.models import BatchStatus, IngestBatch, Span, Trajectory
+from tests.faults.traffic import (
+    SPANS_PER_TRACE,
+    RedisServer,
+    record_facts,
+    trace_ids_new,
+    trajectories_json,
+    wait_for,
+)
+from tracing.models import BatchSource, BatchStatus, IngestBatch, Span, Trajectory
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.redis, PROCESS_TESTS]
 
@@ -49,8 +59,10 @@ TRACES_PER_BATCH = 3
 
 
 def _post_batch(client: Client, trace_ids: list[str]) -> int:
-    """Post one OTLP/JSON batch; returns the status code."""
-    response = client.post("/v1/traces", data=otlp_json(trace_ids), content_type="application/json")
+    """Post one batch of JSON trajectories, stored as one pending batch for a worker; returns the status code."""
+    response = client.post(
+        "/api/v1/ingest/trajectories", data=trajectories_json(trace_ids), content_type="application/json"
+    )
     return int(response.status_code)
 
 
@@ -95,7 +107,7 @@ def test_work_committed_while_the_broker_was_away_or_lost_with_it_is_done_once_a
             worker = celery_start(WORKER, env, log)
             with _dispatching_to(broker.url, tmp_path / "unused"):
                 live = trace_ids_new(TRACES_PER_BATCH)
-                assert _post_batch(client, live) == 200
+                assert _post_batch(client, live) == 202
                 wait_for(
                     lambda: Trajectory.objects.filter(trace_id__in=live).count() == len(live),
                     90,
@@ -106,7 +118,7 @@ def test_work_committed_while_the_broker_was_away_or_lost_with_it_is_done_once_a
                 # Queued in Redis with nobody consuming, then lost with Redis.
                 _control("cancel", QUEUE, log)
                 queued = trace_ids_new(TRACES_PER_BATCH)
-                assert _post_batch(client, queued) == 200
+                assert _post_batch(client, queued) == 202
                 queued_batch = _batch_of(queued[0])
                 assert broker_client.llen(QUEUE) == 1
                 broker.kill()
@@ -114,7 +126,7 @@ def test_work_committed_while_the_broker_was_away_or_lost_with_it_is_done_once_a
                 # Committed while the broker is away: acknowledged, the publish failure logged.
                 caplog.set_level(logging.ERROR, logger="config.dispatch")
                 during = trace_ids_new(TRACES_PER_BATCH)
-                assert _post_batch(client, during) == 200
+                assert _post_batch(client, during) == 202
                 during_batch = _batch_of(during[0])
                 started = client.post(
                     f"/api/v1/suites/{suite.name}/runs", data=json.dumps({}), content_type="application/json"
@@ -154,7 +166,7 @@ def test_work_committed_while_the_broker_was_away_or_lost_with_it_is_done_once_a
             broker.kill()
         chat_requests = stub.chat_requests()
 
-    # Each of the three batches (before, lost with the broker, posted while it was away) was answered 200 above.
+    # Each of the three batches (before, lost with the broker, posted while it was away) was answered 202 above.
     batches = (live, queued, during)
     spans = Span.objects.filter(trace_id__in=[trace_id for trace_ids in batches for trace_id in trace_ids])
     record_facts(
@@ -175,7 +187,7 @@ def test_work_committed_while_the_broker_was_away_or_lost_with_it_is_done_once_a
         assert Trajectory.objects.filter(trace_id__in=trace_ids).count() == TRACES_PER_BATCH
         assert Span.objects.filter(trace_id__in=trace_ids).count() == TRACES_PER_BATCH * SPANS_PER_TRACE
     # Each lost or unsent batch was processed once, by the sweep's message.
-    attempts = dict(IngestBatch.objects.filter(source="otlp").values_list("pk", "attempts"))
+    attempts = dict(IngestBatch.objects.filter(source=BatchSource.JSON).values_list("pk", "attempts"))
     assert attempts[queued_batch.pk] == 1
     assert attempts[during_batch.pk] == 1
     assert RunSample.objects.filter(item__run=run).count() == 2 * 2
@@ -205,7 +217,7 @@ def test_a_broker_that_stops_answering_fails_the_send_and_the_request_is_still_a
     try:
         with _dispatching_to(broker.url, tmp_path / "unused"):
             keel_celery.conf.broker_transport_options = _keel_transport_options(broker.url, monkeypatch)
-            assert _post_batch(client, trace_ids_new(TRACES_PER_BATCH)) == 200  # connected, sent
+            assert _post_batch(client, trace_ids_new(TRACES_PER_BATCH)) == 202  # connected, sent
             assert broker.process is not None
             os.kill(broker.process.pid, signal.SIGSTOP)
 
@@ -227,15 +239,15 @@ def test_a_broker_that_stops_answering_fails_the_send_and_the_request_is_still_a
     publish_failures = [record for record in caplog.records if record.getMessage() == "config.task_publish_failed"]
     record_facts(
         "broker frozen (SIGSTOP)",
-        # The first request was answered 200 above, before the broker froze.
-        ingest_requests_acknowledged=1 + (answered.get("status") == 200),
+        # The first request was answered 202 above, before the broker froze.
+        ingest_requests_acknowledged=1 + (answered.get("status") == 202),
         requests_hung=int("status" not in answered),
         publish_failures_logged=len(publish_failures),
         batches_kept_pending_for_the_sweep=IngestBatch.objects.filter(
             workspace=workspace, status=BatchStatus.PENDING
         ).count(),
     )
-    assert answered == {"status": 200}
+    assert answered == {"status": 202}
     assert [record.task for record in caplog.records if record.getMessage() == "config.task_publish_failed"] == [
         "tracing.span_batch_process"
     ]

@@ -1,5 +1,6 @@
-"""What the fault tests send and the servers they stop: OTLP/JSON bodies with known trace ids, a Redis server of
-their own, free ports, waiting on a condition; and what they measured, for bench/bench_reliability.py."""
+"""What the fault tests send and the servers they stop: OTLP/JSON bodies and JSON trajectories with known trace ids,
+a Redis server of their own, free ports, waiting on a condition; and what they measured, for
+bench/bench_reliability.py."""
 
 from __future__ import annotations
 
@@ -76,6 +77,24 @@ def otlp_json(trace_ids: list[str], *, agent: str = "faults-agent") -> bytes:
         ]
     }
     return json.dumps(document).encode()
+
+
+def trajectories_json(trace_ids: list[str], *, agent: str = "faults-agent") -> bytes:
+    """JSON trajectories for POST /api/v1/ingest/trajectories, which go through the batch queue and a worker (OTLP
+    is stored in the request): per trace id, a user question and an answer, which become an agent root span and a
+    chat span under it, SPANS_PER_TRACE as `otlp_json` sends."""
+    documents = [
+        {
+            "trace_id": trace_id,
+            "agent": agent,
+            "messages": [
+                {"role": "user", "content": f"Where is my refund? ({trace_id})"},
+                {"role": "assistant", "content": "It is on its way."},
+            ],
+        }
+        for trace_id in trace_ids
+    ]
+    return json.dumps(documents).encode()
 
 
 def trace_ids_new(count: int) -> list[str]:

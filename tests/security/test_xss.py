@@ -1,7 +1,7 @@
 """Stored and reflected XSS: what agents send and what people type is shown as text, never as markup.
 
 Malicious strings go in through the paths real data takes: OTLP/JSON spans and plain JSON trajectories
-posted to the ingest endpoints and stored by the ingest worker's code (span names, attributes, events,
+posted to the ingest endpoints and stored by ingest's own code (span names, attributes, events,
 status messages, messages, tool names and arguments, session and user ids, tags, metadata, errors), and
 the API for everything people name or describe (agents, requirements, prompts, keys, scores, alert
 rules, tools, budgets, datasets, evaluators, suites, rollouts, curations, training jobs, guardrail checks
@@ -166,13 +166,13 @@ def _ingest(stage_client: Client, world: World) -> dict[str, str]:
         ),
         "OTLP/JSON",
     )
+    # OTLP is stored by the time it is answered; the JSON trajectory waits in a batch for the worker.
+    assert Trajectory.objects.filter(workspace=world.ours.workspace, trace_id=otlp_trace).exists()
     accepted = _json(stage_client, "POST", "/api/v1/ingest/trajectories", json_trajectory(session))
-    # What the ingest worker does with each stored batch.
-    for batch_id in IngestBatch.objects.filter(status=BatchStatus.PENDING).values_list("pk", flat=True):
-        tracing_services.span_batch_process(batch_id=batch_id)
+    (batch_id,) = IngestBatch.objects.filter(status=BatchStatus.PENDING).values_list("pk", flat=True)
+    tracing_services.span_batch_process(batch_id=batch_id)
     (json_trace,) = accepted["trace_ids"]
-    for trace_id in (otlp_trace, json_trace):
-        assert Trajectory.objects.filter(workspace=world.ours.workspace, trace_id=trace_id).exists()
+    assert Trajectory.objects.filter(workspace=world.ours.workspace, trace_id=json_trace).exists()
     return {"otlp": otlp_trace, "json": json_trace}
 
 

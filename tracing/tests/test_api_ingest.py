@@ -3,14 +3,17 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import threading
+from typing import Any
 
 import pytest
+from django.db import connection
 from django.test import Client
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from agent_registry import services as registry_services
 from tracing import services
-from tracing.models import IngestBatch, Span
+from tracing.models import IngestBatch, Span, Trajectory
 from tracing.tests.agent_traces import refund_conversation
 from tracing.tests.conftest import otlp_json_document
 
@@ -31,8 +34,12 @@ def fresh_backlog():
     services.backlog.reset()
 
 
-def test_protobuf_export_is_stored_and_answered_with_an_empty_response(otel, ingest_client, workspace):
-    refund_conversation(otel.tracer())
+def _nothing_stored() -> bool:
+    return not (Span.objects.exists() or Trajectory.objects.exists() or IngestBatch.objects.exists())
+
+
+def test_protobuf_export_is_stored_before_it_is_answered_with_an_empty_response(otel, ingest_client, workspace):
+    trace_id = refund_conversation(otel.tracer())
 
     response = ingest_client.post("/v1/traces", otel.protobuf(), content_type=PROTOBUF)
 
@@ -40,8 +47,10 @@ def test_protobuf_export_is_stored_and_answered_with_an_empty_response(otel, ing
     assert response["Content-Type"] == PROTOBUF
     answer = ExportTraceServiceResponse.FromString(response.content)
     assert not answer.HasField("partial_success")
-    batch = IngestBatch.objects.get(workspace=workspace)
-    assert (batch.span_count, batch.status, batch.source) == (4, "pending", "otlp")
+    trajectory = Trajectory.objects.get(workspace=workspace, trace_id=trace_id)
+    assert (trajectory.span_count, trajectory.status, trajectory.input_tokens) == (4, "ok", 260)
+    assert Span.objects.filter(workspace=workspace, trajectory=trajectory).count() == 4
+    assert not IngestBatch.objects.exists()  # no worker is involved
 
 
 def test_json_and_gzip_bodies_are_accepted(otel, ingest_client, workspace):
@@ -55,10 +64,8 @@ def test_json_and_gzip_bodies_are_accepted(otel, ingest_client, workspace):
 
     assert (as_json.status_code, as_json.json()) == (200, {})
     assert as_gzip.status_code == 200
-    assert IngestBatch.objects.filter(workspace=workspace).count() == 2
-    for batch in IngestBatch.objects.all():
-        services.span_batch_process(batch_id=batch.pk)
     assert Span.objects.filter(workspace=workspace).count() == 4  # the same spans twice are stored once
+    assert Trajectory.objects.get(workspace=workspace).span_count == 4
 
 
 def test_invalid_spans_are_rejected_with_partial_success_and_the_rest_stored(otel, ingest_client, workspace):
@@ -73,7 +80,7 @@ def test_invalid_spans_are_rejected_with_partial_success_and_the_rest_stored(ote
     body = response.json()
     assert body["partialSuccess"]["rejectedSpans"] == "1"
     assert "span" in body["partialSuccess"]["errorMessage"]
-    assert IngestBatch.objects.get(workspace=workspace).span_count == 3
+    assert Span.objects.filter(workspace=workspace).count() == 3
 
 
 @pytest.mark.parametrize(
@@ -90,7 +97,7 @@ def test_bad_bodies_get_a_clear_4xx_and_nothing_is_stored(ingest_client, body, c
     assert response.status_code == status
     assert response.json()["code"] == code
     assert response.json()["detail"]
-    assert IngestBatch.objects.count() == 0
+    assert _nothing_stored()
 
 
 def test_an_oversized_body_gets_413(ingest_client, settings):
@@ -99,7 +106,7 @@ def test_an_oversized_body_gets_413(ingest_client, settings):
     response = ingest_client.post("/v1/traces", b"x" * 2000, content_type=PROTOBUF)
 
     assert (response.status_code, response.json()["code"]) == (413, "payload_too_large")
-    assert IngestBatch.objects.count() == 0
+    assert _nothing_stored()
 
 
 def test_a_gzip_bomb_gets_413(ingest_client, settings):
@@ -110,16 +117,130 @@ def test_a_gzip_bomb_gets_413(ingest_client, settings):
     )
 
     assert response.status_code == 413
-    assert IngestBatch.objects.count() == 0
+    assert _nothing_stored()
 
 
-def test_a_full_backlog_answers_429_with_retry_after_and_stores_nothing(otel, ingest_client, settings):
-    settings.KEEL_INGEST_BACKLOG_SPANS = 5
+def test_a_request_that_gets_no_turn_in_time_answers_429_with_retry_after_and_stores_nothing(
+    otel, ingest_client, settings
+):
+    settings.KEEL_INGEST_CONCURRENCY = 1
+    settings.KEEL_INGEST_MAX_QUEUE_SECONDS = 0
     refund_conversation(otel.tracer())
-    assert ingest_client.post("/v1/traces", otel.protobuf(), content_type=PROTOBUF).status_code == 200
+
+    with services.ingest_gate.turn():  # another request of the process is being stored
+        refused = ingest_client.post("/v1/traces", otel.protobuf(), content_type=PROTOBUF)
+    stored = ingest_client.post("/v1/traces", otel.protobuf(), content_type=PROTOBUF)
+
+    assert refused.status_code == 429
+    assert refused["Retry-After"] == "1"
+    assert refused.json()["code"] == "ingest_backlog_full"
+    assert refused.json()["detail"] == "every turn to store a request stayed taken for 0 s; retry shortly"
+    assert stored.status_code == 200
+    assert Span.objects.count() == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_waits_for_a_turn_that_frees_in_time(otel, ingest_client, settings):
+    settings.KEEL_INGEST_CONCURRENCY = 1
+    settings.KEEL_INGEST_MAX_QUEUE_SECONDS = 30
+    refund_conversation(otel.tracer())
+    taken, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with services.ingest_gate.turn():
+            taken.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    taken.wait(30)
+    answers: list[int] = []
+
+    def post() -> None:
+        try:
+            answers.append(ingest_client.post("/v1/traces", otel.protobuf(), content_type=PROTOBUF).status_code)
+        finally:
+            connection.close()  # this thread's own
+
+    waiting = threading.Thread(target=post)
+    waiting.start()
+    waiting.join(0.5)
+    was_waiting = waiting.is_alive() and not Span.objects.exists()
+    release.set()
+    holder.join()
+    waiting.join(30)
+
+    assert was_waiting
+    assert answers == [200]
+    assert Span.objects.count() == 4
+
+
+def test_a_request_keel_fails_to_write_is_kept_as_a_batch_and_acknowledged(otel, ingest_client, monkeypatch):
+    trace_id = refund_conversation(otel.tracer())
+    body = otel.protobuf()
+    write = services.spans_write
+
+    def broken(**kwargs):
+        raise KeyError("a bug in assembling the trajectory")
+
+    monkeypatch.setattr(services, "spans_write", broken)
+    response = ingest_client.post("/v1/traces", body, content_type=PROTOBUF)
+    monkeypatch.setattr(services, "spans_write", write)
+
+    assert response.status_code == 200
+    assert not Span.objects.exists()
+    batch = IngestBatch.objects.get()
+    assert (batch.source, batch.status, batch.span_count, bytes(batch.body)) == ("otlp", "pending", 4, body)
+    assert services.span_batch_process(batch_id=batch.pk) == 4
+    assert Trajectory.objects.get(trace_id=trace_id).span_count == 4
+
+
+def test_a_database_that_went_away_answers_503_and_nothing_is_kept(otel, ingest_client, monkeypatch):
+    from django.db import OperationalError
+
+    refund_conversation(otel.tracer())
+
+    def unreachable(**kwargs):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(services, "spans_write", unreachable)
+    response = ingest_client.post("/v1/traces", otel.protobuf(), content_type=PROTOBUF)
+
+    assert response.status_code == 503
+    assert response["Retry-After"] == "1"
+    assert response.json()["code"]
+    assert _nothing_stored()
+
+
+# The queued path: JSON trajectories are stored as batches that workers turn into spans.
+REFUND_TRAJECTORY = {
+    "name": "refund",
+    "agent": "ride-support",
+    "messages": [
+        {"role": "user", "content": "I was charged twice"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "lookup_trip", "arguments": '{"trip_id": "T1"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": '{"status": "cancelled"}'},
+        {"role": "assistant", "content": "Refunded."},
+    ],
+}  # 4 spans
+
+
+def _post_trajectory(client: Client) -> Any:
+    return client.post("/api/v1/ingest/trajectories", json.dumps(REFUND_TRAJECTORY), content_type="application/json")
+
+
+def test_a_full_backlog_answers_429_with_retry_after_and_stores_nothing(ingest_client, settings):
+    settings.KEEL_INGEST_BACKLOG_SPANS = 5
+    assert _post_trajectory(ingest_client).status_code == 202
     services.backlog.reset()
 
-    response = ingest_client.post("/v1/traces", otel.protobuf(), content_type=PROTOBUF)
+    response = _post_trajectory(ingest_client)
 
     assert response.status_code == 429
     assert response["Retry-After"] == "1"
@@ -128,25 +249,24 @@ def test_a_full_backlog_answers_429_with_retry_after_and_stores_nothing(otel, in
     assert IngestBatch.objects.count() == 1
 
 
-def test_a_batch_waiting_too_long_answers_429_until_the_workers_catch_up(otel, ingest_client, settings):
+def test_a_batch_waiting_too_long_answers_429_until_the_workers_catch_up(ingest_client, settings):
     from datetime import timedelta
 
     from django.utils import timezone
 
     settings.KEEL_INGEST_MAX_QUEUE_SECONDS = 2
-    refund_conversation(otel.tracer())
-    assert ingest_client.post("/v1/traces", otel.protobuf(), content_type=PROTOBUF).status_code == 200
+    assert _post_trajectory(ingest_client).status_code == 202
     IngestBatch.objects.update(received_at=timezone.now() - timedelta(seconds=5))
     services.backlog.reset()
 
-    refused = ingest_client.post("/v1/traces", otel.protobuf(), content_type=PROTOBUF)
+    refused = _post_trajectory(ingest_client)
 
     assert refused.status_code == 429
     assert "oldest waiting batch has waited" in refused.json()["detail"]
     assert IngestBatch.objects.count() == 1
     services.span_batch_process(batch_id=IngestBatch.objects.get().pk)
     services.backlog.reset()
-    assert ingest_client.post("/v1/traces", otel.protobuf(), content_type=PROTOBUF).status_code == 200
+    assert _post_trajectory(ingest_client).status_code == 202
 
 
 def test_without_a_key_or_with_a_key_lacking_the_ingest_scope_nothing_is_stored(otel, workspace):
@@ -164,7 +284,7 @@ def test_without_a_key_or_with_a_key_lacking_the_ingest_scope_nothing_is_stored(
     assert (anonymous.status_code, anonymous.json()["code"]) == (401, "unauthenticated")
     assert (wrong_scope.status_code, wrong_scope.json()["code"]) == (403, "insufficient_scope")
     assert bad_key.status_code == 401
-    assert IngestBatch.objects.count() == 0
+    assert _nothing_stored()
 
 
 def test_langfuse_clients_use_their_own_path_with_basic_auth(otel, workspace):
@@ -177,7 +297,7 @@ def test_langfuse_clients_use_their_own_path_with_basic_auth(otel, workspace):
     )
 
     assert response.status_code == 200
-    assert IngestBatch.objects.get(workspace=workspace).span_count == 4
+    assert Span.objects.filter(workspace=workspace).count() == 4
 
 
 def test_get_is_not_allowed(ingest_client):
@@ -240,38 +360,34 @@ def test_json_trajectories_with_errors_name_the_field_and_store_nothing(ingest_c
     assert IngestBatch.objects.count() == 0
 
 
-def test_the_queue_holds_at_most_what_the_workers_store_in_a_few_seconds(otel, ingest_client, settings):
+def test_the_queue_holds_at_most_what_the_workers_store_in_a_few_seconds(ingest_client, settings):
     settings.KEEL_INGEST_MAX_QUEUE_SECONDS = 2
     settings.KEEL_INGEST_BACKLOG_FLOOR_SPANS = 6
-    refund_conversation(otel.tracer())
-    body = otel.protobuf()
     # The workers just stored 40 spans in 10 s: 4 spans/s, so 8 spans may wait (above the floor of 6).
     for _ in range(10):
-        assert ingest_client.post("/v1/traces", body, content_type=PROTOBUF).status_code == 200
+        assert _post_trajectory(ingest_client).status_code == 202
         services.span_batch_process(batch_id=IngestBatch.objects.latest("pk").pk)
         services.backlog.reset()
 
-    assert ingest_client.post("/v1/traces", body, content_type=PROTOBUF).status_code == 200  # 4 waiting
+    assert _post_trajectory(ingest_client).status_code == 202  # 4 waiting
     services.backlog.reset()
-    assert ingest_client.post("/v1/traces", body, content_type=PROTOBUF).status_code == 200  # 8 waiting
+    assert _post_trajectory(ingest_client).status_code == 202  # 8 waiting
     services.backlog.reset()
-    refused = ingest_client.post("/v1/traces", body, content_type=PROTOBUF)
+    refused = _post_trajectory(ingest_client)
 
     assert refused.status_code == 429
     assert "the workers store about 4 spans/s, so Keel queues at most 8" in refused.json()["detail"]
     assert IngestBatch.objects.filter(status="pending").count() == 2
 
 
-def test_requests_between_two_reads_of_the_queue_count_what_the_process_let_in(otel, ingest_client, settings):
+def test_requests_between_two_reads_of_the_queue_count_what_the_process_let_in(ingest_client, settings):
     # The queue is read at most once a second; what the process accepted since counts as waiting.
     settings.KEEL_INGEST_BACKLOG_FLOOR_SPANS = 6
-    refund_conversation(otel.tracer())
-    body = otel.protobuf()
 
-    first = ingest_client.post("/v1/traces", body, content_type=PROTOBUF)
-    second = ingest_client.post("/v1/traces", body, content_type=PROTOBUF)
+    first = _post_trajectory(ingest_client)
+    second = _post_trajectory(ingest_client)
 
-    assert first.status_code == 200
+    assert first.status_code == 202
     assert second.status_code == 429
     assert second["Retry-After"] == "1"
     assert "4 spans are waiting" in second.json()["detail"]
@@ -295,7 +411,7 @@ def test_spans_without_a_resource_are_rejected_and_a_request_with_nothing_storab
         "rejectedSpans": "4",
         "errorMessage": "rejected 4 spans: 4 missing resource",
     }
-    assert IngestBatch.objects.get().span_count == 4
+    assert Span.objects.count() == 4
 
 
 def test_a_protobuf_request_without_resources_is_400(otel, ingest_client):
@@ -311,7 +427,7 @@ def test_a_protobuf_request_without_resources_is_400(otel, ingest_client):
 
     assert response.status_code == 400
     assert "missing resource" in response.json()["detail"]
-    assert IngestBatch.objects.count() == 0
+    assert _nothing_stored()
 
 
 @pytest.mark.django_db(transaction=False)

@@ -6,12 +6,15 @@ from config.settings.env import env_int
 KEEL_MAX_DECOMPRESSED_BYTES = env_int("KEEL_MAX_DECOMPRESSED_BYTES", 64 * 1024 * 1024)
 # Attribute values longer than this are cut (with a marker that keeps the original length).
 KEEL_MAX_ATTRIBUTE_LENGTH = env_int("KEEL_MAX_ATTRIBUTE_LENGTH", 256 * 1024)
-# Spans in one request (OTLP or JSON trajectories); more gets 413. A worker holds a batch's spans in memory,
-# about 20 KB each when they share one trace: 20,000 is a few hundred MB (the OTel Collector batches 8,192).
+# Spans in one request (OTLP or JSON trajectories); more gets 413. The web process storing an OTLP request
+# (or a worker, a batch) holds its spans in memory, about 20 KB each when they share one trace: 20,000 is
+# about 400 MB (the OTel Collector batches 8,192).
 KEEL_INGEST_MAX_SPANS_PER_REQUEST = env_int("KEEL_INGEST_MAX_SPANS_PER_REQUEST", 20_000)
-# Back-pressure: ingest answers 429 with Retry-After instead of queueing more than the workers can store
-# in KEEL_INGEST_MAX_QUEUE_SECONDS at their recent rate (at least the floor, at most the cap), or once the
-# oldest waiting batch has waited that long.
+# OTLP requests each web process stores at once; the others wait their turn.
+KEEL_INGEST_CONCURRENCY = env_int("KEEL_INGEST_CONCURRENCY", 2)
+# Back-pressure: ingest answers 429 with Retry-After when an OTLP request waited this long for its turn,
+# and instead of queueing more batches (JSON trajectories) than the workers can store in this time at their
+# recent rate (at least the floor, at most the cap), or once the oldest waiting batch has waited that long.
 KEEL_INGEST_MAX_QUEUE_SECONDS = env_int("KEEL_INGEST_MAX_QUEUE_SECONDS", 2)
 KEEL_INGEST_BACKLOG_FLOOR_SPANS = env_int("KEEL_INGEST_BACKLOG_FLOOR_SPANS", 5_000)
 KEEL_INGEST_BACKLOG_SPANS = env_int("KEEL_INGEST_BACKLOG_SPANS", 100_000)

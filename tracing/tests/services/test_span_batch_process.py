@@ -24,7 +24,7 @@ REFUND_COST = Decimal("0.00115000")  # (100 + 160) × 2.5e-6 + (20 + 30) × 1e-5
 
 
 def _accept(api_key, body: bytes) -> IngestBatch:
-    accepted = services.ingest_otlp_accept(
+    accepted = services.ingest_otlp_defer(
         api_key=api_key, body=body, content_type="application/x-protobuf", content_encoding=""
     )
     assert accepted.batch_id is not None
