@@ -242,24 +242,11 @@ class _IngestGate:
 ingest_gate = _IngestGate()
 
 
-def _otlp_decode(
-    body: bytes, content_type: str, content_encoding: str, *, full: bool
-) -> otlp.ExportRequest | otlp.ExportSummary:
-    """The request's spans (`full`), or only what would be accepted and rejected; raises Keel's ingest
-    errors for a body that cannot be read."""
+@contextlib.contextmanager
+def _otlp_errors() -> Iterator[None]:
+    """tracing.otlp's errors about a body, as Keel's ingest errors."""
     try:
-        if full:
-            return otlp.decode_request(
-                body,
-                content_type,
-                content_encoding or None,
-                max_decompressed_bytes=settings.KEEL_MAX_DECOMPRESSED_BYTES,
-                max_attribute_length=settings.KEEL_MAX_ATTRIBUTE_LENGTH,
-            )
-        # Counts and errors exactly as the worker's full decode will see them, at a fraction of its cost.
-        return otlp.validate_request(
-            body, content_type, content_encoding or None, max_decompressed_bytes=settings.KEEL_MAX_DECOMPRESSED_BYTES
-        )
+        yield
     except otlp.UnsupportedContentType as error:
         raise exceptions.IngestContentTypeUnsupported(str(error)) from None
     except otlp.PayloadTooLarge as error:
@@ -268,9 +255,9 @@ def _otlp_decode(
         raise exceptions.IngestPayloadInvalid(str(error)) from None
 
 
-def _otlp_accepted(summary: otlp.ExportRequest | otlp.ExportSummary) -> int:
+def _otlp_accepted(summary: otlp.ExportSummary) -> int:
     """How many spans of the request can be stored; raises when none can or too many came at once."""
-    accepted = summary.accepted_spans if isinstance(summary, otlp.ExportSummary) else len(summary.spans)
+    accepted = summary.accepted_spans
     if not accepted and summary.rejected_spans:
         # Nothing in the request can be stored: that is a bad request, not a partial success.
         raise exceptions.IngestPayloadInvalid(f"no span can be stored: {summary.error_message}")
@@ -288,9 +275,15 @@ def ingest_otlp_accept(*, api_key: ApiKey, body: bytes, content_type: str, conte
     turn came in time), having stored nothing, and the database's OperationalError or InterfaceError when
     it went away (nothing is stored: the client retries).
     """
-    request = _otlp_decode(body, content_type, content_encoding, full=True)
-    assert isinstance(request, otlp.ExportRequest)
-    accepted = _otlp_accepted(request)
+    with _otlp_errors():
+        request = otlp.decode_request(
+            body,
+            content_type,
+            content_encoding or None,
+            max_decompressed_bytes=settings.KEEL_MAX_DECOMPRESSED_BYTES,
+            max_attribute_length=settings.KEEL_MAX_ATTRIBUTE_LENGTH,
+        )
+    accepted = _otlp_accepted(request.summary)
     if not accepted:
         return IngestAccepted(None, 0, 0, "")
     with ingest_gate.turn():
@@ -314,7 +307,11 @@ def ingest_otlp_defer(*, api_key: ApiKey, body: bytes, content_type: str, conten
     """Validate an OTLP/HTTP export request and store it as a batch for a worker; returns what was
     accepted and rejected, with the batch's id. Raises as `ingest_otlp_accept` does, the backlog's
     IngestBacklogFull included."""
-    summary = _otlp_decode(body, content_type, content_encoding, full=False)
+    with _otlp_errors():
+        # Counts and errors exactly as the worker's full decode will see them, at a fraction of its cost.
+        summary = otlp.validate_request(
+            body, content_type, content_encoding or None, max_decompressed_bytes=settings.KEEL_MAX_DECOMPRESSED_BYTES
+        )
     accepted = _otlp_accepted(summary)
     if not accepted:
         return IngestAccepted(None, 0, 0, "")
