@@ -754,6 +754,16 @@ def _ns_datetime(ns: int) -> datetime:
     return datetime.fromtimestamp(ns / 1e9, tz=UTC)
 
 
+@dataclass(frozen=True, slots=True)
+class _Assembled:
+    """A trace as assembled for writing: its trajectory row's values (`_TRAJECTORY_UPDATE_COLUMNS`, the row
+    id left as None), its spans not stored yet, and their tool results' shapes (agent, tool, key, shape)."""
+
+    values: tuple[Any, ...]
+    fresh: Sequence[otlp.Span]
+    shapes: list[tuple[int, str, str, dict[str, str]]]
+
+
 @dataclass
 class _BatchWrite:
     """What one batch writes: span rows, trajectory rows, prompt uses and result shapes, collected as its
@@ -773,26 +783,33 @@ class _BatchWrite:
 
     def trajectory(
         self, trace_id: str, agent_id: int | None, stored: Sequence[otlp.Span], fresh: Sequence[otlp.Span]
-    ) -> tuple[Any, ...]:
-        """Assemble the trace from its `stored` and `fresh` spans; returns its trajectory row's values
-        (`_TRAJECTORY_COLUMNS`, the row id left as None) and counts the fresh spans' result shapes."""
+    ) -> _Assembled:
+        """Assemble the trace from its `stored` and `fresh` spans."""
         trace_spans = [*stored, *fresh]
         view = trajectory_view_build(trace_spans, trace_id=trace_id)
         if agent_id is None:
             agent_id = self.agents.resolve(view.agent_name)
         # Triage as the spans arrive: a trajectory's signals are current whenever it is read.
         report = self.signal_configs.report(agent_id, view, counted={span.span_id for span in stored})
+        shapes = []
         if agent_id is not None:
             fresh_ids = {span.span_id for span in fresh}
             for result in report.result_shapes:
                 if result.span_id in fresh_ids and len(result.tool_name) <= _TOOL_NAME_LENGTH:
                     shape = _storable_shape(result.shape)
-                    key = _shape_key(shape)
-                    self.shapes[key] = shape
-                    self.shape_counts[agent_id, result.tool_name, key] += 1
-        return _trajectory_values(None, agent_id, view, _trajectory_metadata(trace_spans), report, self.now)
+                    shapes.append((agent_id, result.tool_name, _shape_key(shape), shape))
+        return _Assembled(
+            _trajectory_values(None, agent_id, view, _trajectory_metadata(trace_spans), report, self.now),
+            fresh,
+            shapes,
+        )
 
-    def spans_add(self, trajectory_id: int, fresh: Sequence[otlp.Span]) -> None:
+    def written(self, trajectory_id: int, assembled: _Assembled) -> None:
+        """The trajectory is written: its fresh spans are to be stored, and their result shapes counted."""
+        for agent_id, tool_name, key, shape in assembled.shapes:
+            self.shapes[key] = shape
+            self.shape_counts[agent_id, tool_name, key] += 1
+        fresh = assembled.fresh
         self.new_spans.extend(fresh)
         for span in fresh:
             prompt_version_id = (
@@ -864,12 +881,16 @@ def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence
         existing = {row[0] for row in cursor.fetchall()}
         new = [trace_id for trace_id in trace_ids if trace_id not in existing]
         if new:
-            rows = [batch.trajectory(trace_id, None, (), list(by_trace[trace_id].values())) for trace_id in new]
-            inserted = _trajectories_insert(cursor, workspace.pk, new, rows, batch.now)
+            assembled = {
+                trace_id: batch.trajectory(trace_id, None, (), list(by_trace[trace_id].values())) for trace_id in new
+            }
+            inserted = _trajectories_insert(
+                cursor, workspace.pk, new, [assembled[trace_id].values for trace_id in new], batch.now
+            )
             # A trace another batch inserted meanwhile is assembled again below, with that batch's spans.
             existing.update(trace_id for trace_id in new if trace_id not in inserted)
             for trace_id, trajectory_id in inserted.items():
-                batch.spans_add(trajectory_id, list(by_trace[trace_id].values()))
+                batch.written(trajectory_id, assembled[trace_id])
         if existing:
             _trajectories_reassemble(cursor, workspace.pk, sorted(existing), by_trace, batch)
         if batch.span_rows:
@@ -914,9 +935,9 @@ def _trajectories_reassemble(
         fresh = [span for span_id, span in by_trace[trace_id].items() if span_id not in known]
         if not fresh:
             continue
-        values = batch.trajectory(trace_id, agent_id, before, fresh)
-        updates.append((trajectory_id, *values[1:]))
-        batch.spans_add(trajectory_id, fresh)
+        assembled = batch.trajectory(trace_id, agent_id, before, fresh)
+        updates.append((trajectory_id, *assembled.values[1:]))
+        batch.written(trajectory_id, assembled)
     if updates:
         _trajectories_update(cursor, updates)
 

@@ -13,7 +13,7 @@ from agent_registry import services as registry_services
 from agent_registry.models import Agent
 from agent_registry.tests.factories import AgentFactory, WorkspaceFactory
 from tracing import services
-from tracing.models import BatchStatus, IngestBatch, Span, Trajectory
+from tracing.models import BatchStatus, IngestBatch, Span, ToolResultShape, Trajectory
 from tracing.tests.agent_traces import refund_conversation
 from tracing.tests.conftest import OtelRecorder
 
@@ -210,7 +210,8 @@ def test_concurrent_batches_of_one_trace_add_up(key_for):
     trace_id = refund_conversation(recorder.tracer())
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-    key = key_for(workspace)
+    # A key of the agent's, so the tool result's batch knows its agent even before the root span names it.
+    key = key_for(workspace, agents=[AgentFactory.create(workspace=workspace, slug="ride-support")])
     batches = [
         _accept(key, encode_spans([span]).SerializeToString()) for span in recorder.exporter.get_finished_spans()
     ]
@@ -233,6 +234,8 @@ def test_concurrent_batches_of_one_trace_add_up(key_for):
     assert errors == []
     trajectory = Trajectory.objects.get(trace_id=trace_id)
     assert (trajectory.span_count, trajectory.input_tokens, trajectory.cost_usd) == (4, 260, REFUND_COST)
+    # The one tool result is counted once, also when its batch lost the race to insert the trajectory.
+    assert list(ToolResultShape.objects.values_list("tool_name", "count")) == [("lookup_trip", 1)]
 
 
 def test_trajectory_metadata_comes_from_its_spans_with_langfuse_values_decoded(otel, key_for, workspace):
