@@ -840,7 +840,9 @@ class Usage:
 EMPTY_USAGE: Final = Usage()
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, as RawSpan is not: a frozen dataclass sets each of its 41 fields through object.__setattr__,
+# a fifth of the mapping's time. Treat a span as read-only all the same (dataclasses.replace copies one).
+@dataclass(slots=True)
 class Span:
     """A span in Keel's normalized form.
 

@@ -67,7 +67,8 @@ RECORD_COLUMNS: Final = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, as tracing.otlp.Span is not (a frozen one costs a call per field to build); read-only all the same.
+@dataclass(slots=True)
 class SpanRecord:
     """The columns of a `tracing.Span` row, and `data` as JSON text ready for COPY."""
 
