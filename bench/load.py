@@ -14,7 +14,7 @@ database afterwards to check what Keel stored.
    failed to store in the web process). Keel stored spans from the first request (about a second in)
    to the end, so the rate at which it stored them over that time is the sustained capacity.
 3. `overload`: requests offered at `factor` × capacity (open loop: a fixed schedule of send times shared
-   by the sender threads, whatever the answers) for `seconds`, then a drain. A refused request (429 or
+   by `overload_senders` threads, whatever the answers) for `seconds`, then a drain. A refused request (429 or
    503) is sent again, with the same body, in the first free slot after its Retry-After, at most
    `max_attempts` times in all; a retry takes a slot in the schedule, so the offered rate stays the
    factor × capacity. A connection error is retried at once on a new connection, with the same body.
@@ -694,6 +694,9 @@ class IngestOptions:
     capacity_seconds: float = 20.0
     factor: float = 2.0
     senders: int = 8
+    # The overload phase's senders: Keel answers a request once it has stored it, about half a second for
+    # 500 spans when it is at capacity, so 8 senders could not keep to a schedule of twice that.
+    overload_senders: int = 32
     max_attempts: int = 3
     templates: int = 8
     drain_timeout: float = 600.0
@@ -719,7 +722,9 @@ def ingest_load(keel: Keel, world: IngestWorld, options: IngestOptions) -> Inges
                 raise RuntimeError(f"no spans were stored while measuring capacity: {measuring.stored}")
             _progress(f"ingest: capacity {capacity:,.0f} spans/s")
         overload = Phase("overload", options.seconds, options.factor * capacity)
-        _phase_run(world, keel.port, ledger, overload, options.senders, spans_per_request, options.drain_timeout)
+        _phase_run(
+            world, keel.port, ledger, overload, options.overload_senders, spans_per_request, options.drain_timeout
+        )
         phases.append(overload)
         _progress(
             f"ingest: {options.factor:g} × capacity for {options.seconds:g} s; "
@@ -747,7 +752,7 @@ def ingest_load(keel: Keel, world: IngestWorld, options: IngestOptions) -> Inges
         unexpected=len(stored.keys() - acknowledged),
         memory=memory,
         dashboard=dashboard,
-        senders=options.senders,
+        senders=options.overload_senders,
     )
 
 
@@ -1010,7 +1015,7 @@ def _timeline(result: IngestResult, phase: Phase, step: float) -> str:
 
 def ingest_report(report: Report, result: IngestResult) -> None:
     capacity = (
-        f"measured: {result.capacity:,.0f} spans/s, the rate at which the worker stored spans from about a second "
+        f"measured: {result.capacity:,.0f} spans/s, the rate at which Keel stored spans from about a second "
         f"into {result.phases[0].seconds:.0f} s of closed-loop sending (each sender thread sends its next request "
         "when the last is answered, and waits out a refusal's Retry-After) to the end of the backlog's drain"
         if result.capacity_measured
@@ -1022,7 +1027,8 @@ def ingest_report(report: Report, result: IngestResult) -> None:
         f"{overload.offered_spans_per_second:,.0f} spans/s offered for {overload.seconds:.0f} s on a fixed schedule "
         f"shared by {result.senders} sender threads ({result.spans_per_request} spans, ~0.85 MB, per request; a "
         "refused request is sent again after its Retry-After, at most 3 times in all, in a slot of the same "
-        "schedule, so retries are part of the offered rate). Each phase ends with the worker draining its backlog."
+        "schedule, so retries are part of the offered rate). Each phase ends with a drain of anything left to the "
+        "worker."
     )
     report.line()
     rows = []

@@ -3,8 +3,9 @@
 OTLP requests, the bulk of ingest, are stored in the request: `ingest_otlp_accept` decodes the spans,
 writes those not stored yet and re-assembles each touched trajectory while holding its row lock, and
 commits before the client hears "OK", so whatever Keel acknowledged is queryable at once and survives any
-crash after that point. A process stores at most KEEL_INGEST_CONCURRENCY requests at a time; one that
-cannot start within KEEL_INGEST_MAX_QUEUE_SECONDS is refused with 429 and Retry-After.
+crash after that point. A process stores at most KEEL_INGEST_CONCURRENCY requests at a time and lets at
+most KEEL_INGEST_WAITING more wait for a turn; one that finds the line full, or cannot start within
+KEEL_INGEST_MAX_QUEUE_SECONDS, is refused with 429 and Retry-After.
 
 JSON trajectories and Keel's own spans (the gateway's) take the other way, through a queue: their
 accept functions store the body as one `IngestBatch` row and commit before answering, and
@@ -206,33 +207,57 @@ def _spans_per_request_check(count: int) -> None:
 
 
 class _IngestGate:
-    """How many OTLP requests of this process decode and store at once (KEEL_INGEST_CONCURRENCY). The
-    others wait for a turn, at most KEEL_INGEST_MAX_QUEUE_SECONDS, then are refused: a request waits
-    where its client can see it fail and retry, not in a queue that grows past what Keel can store.
-    With the interpreter lock, two requests per process keep a core busy while one waits for
-    PostgreSQL; the process's other threads stay free for the dashboard and the gateway."""
+    """How many OTLP requests of this process decode and store at once (KEEL_INGEST_CONCURRENCY), and how
+    many may wait for a turn (KEEL_INGEST_WAITING), each at most KEEL_INGEST_MAX_QUEUE_SECONDS. A request
+    that finds the line full, or waits out its time, is refused: it waits where its client can see it fail
+    and retry, not in a queue that grows past what Keel can store. Every request in Keel holds a web
+    thread, so the line is short: with gunicorn's 4 threads, 2 storing and 1 waiting leave one for the
+    dashboard and the gateway, whose requests would otherwise queue behind ingest in gunicorn. With the
+    interpreter lock, two requests per process keep a core busy while one waits for PostgreSQL; the one
+    waiting is ready the moment a turn frees."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._slots: tuple[int, threading.BoundedSemaphore] | None = None
+        self._waiting = 0
 
-    def _semaphore(self) -> threading.BoundedSemaphore:
+    def _semaphore(self) -> tuple[int, threading.BoundedSemaphore]:
         concurrency: int = settings.KEEL_INGEST_CONCURRENCY
         with self._lock:
             if self._slots is None or self._slots[0] != concurrency:
                 self._slots = (concurrency, threading.BoundedSemaphore(concurrency))
-            return self._slots[1]
+            return self._slots
+
+    @property
+    def waiting(self) -> int:
+        """Requests of this process waiting for a turn now."""
+        with self._lock:
+            return self._waiting
+
+    def _refusal(self, reason: str) -> exceptions.IngestBacklogFull:
+        return exceptions.IngestBacklogFull(
+            f"{reason}; retry shortly", retry_after=settings.KEEL_INGEST_RETRY_AFTER_SECONDS
+        )
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
-        """Hold one of the process's turns; raises IngestBacklogFull when none came in time."""
-        semaphore = self._semaphore()
-        wait: float = settings.KEEL_INGEST_MAX_QUEUE_SECONDS
-        if not semaphore.acquire(timeout=wait):
-            raise exceptions.IngestBacklogFull(
-                f"every turn to store a request stayed taken for {wait:g} s; retry shortly",
-                retry_after=settings.KEEL_INGEST_RETRY_AFTER_SECONDS,
-            )
+        """Hold one of the process's turns; raises IngestBacklogFull when the line is full or none came in time."""
+        concurrency, semaphore = self._semaphore()
+        if not semaphore.acquire(blocking=False):
+            with self._lock:
+                if self._waiting >= settings.KEEL_INGEST_WAITING:
+                    waiting = self._waiting
+                    raise self._refusal(
+                        f"the line for a turn to store a request is full ({concurrency} storing, {waiting} waiting)"
+                    )
+                self._waiting += 1
+            wait: float = settings.KEEL_INGEST_MAX_QUEUE_SECONDS
+            try:
+                if not semaphore.acquire(timeout=wait):
+                    raise self._refusal(f"every turn to store a request stayed taken for {wait:g} s")
+            finally:
+                with self._lock:
+                    self._waiting -= 1
         try:
             yield
         finally:

@@ -175,6 +175,50 @@ def test_a_request_waits_for_a_turn_that_frees_in_time(otel, ingest_client, sett
     assert Span.objects.count() == 4
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_request_that_finds_the_line_for_a_turn_full_is_refused_at_once(otel, ingest_client, settings):
+    settings.KEEL_INGEST_CONCURRENCY = 1
+    settings.KEEL_INGEST_WAITING = 1
+    settings.KEEL_INGEST_MAX_QUEUE_SECONDS = 30
+    refund_conversation(otel.tracer())
+    body = otel.protobuf()
+    taken, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with services.ingest_gate.turn():
+            taken.set()
+            release.wait(30)
+
+    answers: list[int] = []
+
+    def post() -> None:
+        try:
+            answers.append(ingest_client.post("/v1/traces", body, content_type=PROTOBUF).status_code)
+        finally:
+            connection.close()  # this thread's own
+
+    holder, waiting = threading.Thread(target=hold), threading.Thread(target=post)
+    holder.start()
+    taken.wait(30)
+    waiting.start()
+    for _ in range(3000):  # until the request has reached the line (no time is asserted)
+        if services.ingest_gate.waiting:
+            break
+        threading.Event().wait(0.01)
+    refused = ingest_client.post("/v1/traces", body, content_type=PROTOBUF)
+    release.set()
+    holder.join()
+    waiting.join(30)
+
+    assert refused.status_code == 429
+    assert refused["Retry-After"] == "1"
+    assert refused.json()["detail"] == (
+        "the line for a turn to store a request is full (1 storing, 1 waiting); retry shortly"
+    )
+    assert answers == [200]
+    assert Span.objects.count() == 4
+
+
 def test_a_request_keel_fails_to_write_is_kept_as_a_batch_and_acknowledged(otel, ingest_client, monkeypatch):
     trace_id = refund_conversation(otel.tracer())
     body = otel.protobuf()
