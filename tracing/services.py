@@ -211,10 +211,12 @@ class _IngestGate:
     many may wait for a turn (KEEL_INGEST_WAITING), each at most KEEL_INGEST_MAX_QUEUE_SECONDS. A request
     that finds the line full, or waits out its time, is refused: it waits where its client can see it fail
     and retry, not in a queue that grows past what Keel can store. Every request in Keel holds a web
-    thread, so the line is short: with gunicorn's 4 threads, 2 storing and 1 waiting leave one for the
-    dashboard and the gateway, whose requests would otherwise queue behind ingest in gunicorn. With the
-    interpreter lock, two requests per process keep a core busy while one waits for PostgreSQL; the one
-    waiting is ready the moment a turn frees."""
+    thread, so the line is short: with gunicorn's 4 threads, 1 storing and 1 waiting leave two for the
+    dashboard and the gateway, whose requests would otherwise queue behind ingest in gunicorn. The one
+    waiting is ready the moment the turn frees. One request per process is enough: two web processes and
+    PostgreSQL keep both cores busy, and a second request per process only contends for the interpreter
+    lock and for PostgreSQL's locks (bench_ingest, same run: 12,503 spans/s stored with 1, 10,820 with 2;
+    PostgreSQL's CPU per span 39 and 65 us)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
