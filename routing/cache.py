@@ -19,6 +19,7 @@ import logging
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from time import monotonic
 from typing import Any, Literal, TypedDict
 
 import httpx
@@ -64,6 +65,11 @@ EXACT_SCAN_LIMIT = 5000
 HNSW_EF_SEARCH = 64
 HNSW_MAX_SCAN_TUPLES = 20_000
 HNSW_CANDIDATES = 5
+# How long a process keeps a scope's count (which plan it takes) before counting again, and how many
+# scopes it keeps. Counting a large scope costs as much as searching it (2.5-3.5 ms at 100,000 entries):
+# the scope index has neither the expiry nor the workspace, so each counted row is read from the table.
+SCOPE_SIZE_SECONDS = 60.0
+SCOPE_SIZES_KEPT = 10_000
 
 # litellm raises openai's exception classes for every provider; a transport error may escape as httpx's.
 # A malformed answer (no data, no vector) shows up as one of the built-in lookup and value errors.
@@ -233,10 +239,10 @@ def cache_lookup(
     approximate index can miss a vector that many identical entries share, and exact repeats are the
     commonest hits.
 
-    Two plans, chosen by the size of the scope, counted up to `EXACT_SCAN_LIMIT` + 1 rows: a small
-    scope is searched exactly, a large one through the HNSW index. The threshold is applied here rather
-    than in SQL, so that on a miss (the usual case) the index walk stops at the scope's first rows
-    instead of hunting for a match that is not there.
+    Two plans, chosen by the size of the scope, counted up to `EXACT_SCAN_LIMIT` + 1 rows (and that count
+    kept a minute, see `_ScopeSizes`): a small scope is searched exactly, a large one through the HNSW
+    index. The threshold is applied here rather than in SQL, so that on a miss (the usual case) the index
+    walk stops at the scope's first rows instead of hunting for a match that is not there.
     """
     _vector_check(embedding)
     scope = _scope_entries(
@@ -255,7 +261,8 @@ def cache_lookup(
         )
         if repeat is not None:
             return repeat, 1.0
-    size = scope.values("pk")[: EXACT_SCAN_LIMIT + 1].count()
+    key = (agent.workspace_id, agent.pk, model_target.pk, prompt_version and prompt_version.pk, system_prompt_hash)
+    size = _scope_sizes.size(key, scope)
     if size == 0:
         return None
     # The embedding is not read back: 256 floats parsed per row, and the caller has the request's own.
@@ -266,6 +273,43 @@ def cache_lookup(
         return None
     similarity = 1.0 - float(entry.distance)  # type: ignore[attr-defined]
     return (entry, similarity) if similarity >= threshold else None
+
+
+class _ScopeSizes:
+    """Each scope's live entries, counted up to `EXACT_SCAN_LIMIT` + 1, as this process last counted them.
+
+    A count is kept for `SCOPE_SIZE_SECONDS` when it found entries. A stale count only picks the plan:
+    a scope that has grown past the limit since is still searched exactly (slower, never wrong); one that
+    has shrunk below it is searched through the index, which may miss one of the few entries left (a
+    miss, answered by the model). An empty scope is counted again each time, so the entry stored after
+    its first miss is found at once.
+    """
+
+    def __init__(self) -> None:
+        self._sizes: dict[tuple[object, ...], tuple[int, float]] = {}
+
+    def size(self, key: tuple[object, ...], scope: QuerySet[CacheEntry]) -> int:
+        now = monotonic()
+        known = self._sizes.get(key)
+        if known is not None and known[1] > now:
+            return known[0]
+        size = scope.values("pk")[: EXACT_SCAN_LIMIT + 1].count()
+        if size:
+            if len(self._sizes) >= SCOPE_SIZES_KEPT:
+                self._sizes.clear()
+            self._sizes[key] = (size, now + SCOPE_SIZE_SECONDS)
+        return size
+
+    def forget(self) -> None:
+        self._sizes.clear()
+
+
+_scope_sizes = _ScopeSizes()
+
+
+def cache_scope_sizes_forget() -> None:
+    """Drop this process's scope counts (tests that change `EXACT_SCAN_LIMIT` or a scope's size start clean)."""
+    _scope_sizes.forget()
 
 
 def _nearest_exact(*, candidates: QuerySet[CacheEntry], embedding: list[float]) -> CacheEntry | None:

@@ -43,6 +43,13 @@ def unit(*values: float) -> list[float]:
     return [*values, *([0.0] * (256 - len(values)))]
 
 
+@pytest.fixture(autouse=True)
+def _scope_sizes_forgotten():
+    cache.cache_scope_sizes_forget()
+    yield
+    cache.cache_scope_sizes_forget()
+
+
 @pytest.fixture
 def agent(workspace):
     return AgentFactory.create(workspace=workspace, slug="support")
@@ -247,6 +254,83 @@ def test_cache_lookup_of_a_large_scope_walks_the_hnsw_index(agent, target, monke
     assert found[0].pk == near.pk
     assert found[1] == pytest.approx(1 / (1 + 0.1**2) ** 0.5, abs=1e-6)
     assert far.pk != near.pk
+
+
+def test_cache_lookup_keeps_a_scopes_count_and_picks_the_plan_by_it(agent, target, monkeypatch):
+    monkeypatch.setattr(cache, "EXACT_SCAN_LIMIT", 2)
+    for text in (REQUEST, PARAPHRASE, UNRELATED):
+        store(agent, target, text)
+    plans: list[str] = []
+
+    def recorded(plan: str) -> Callable[..., Any]:
+        search = getattr(cache, plan)
+
+        def run(**kwargs: Any) -> Any:
+            plans.append(plan)
+            return search(**kwargs)
+
+        return run
+
+    for plan in ("_nearest_exact", "_nearest_approximate"):
+        monkeypatch.setattr(cache, plan, recorded(plan))
+    counts: list[str] = []
+
+    def count_seen(execute, sql, params, many, context):
+        if "COUNT(" in sql:
+            counts.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count_seen):
+        first = lookup(agent, target)
+        CacheEntry.objects.filter(agent=agent).exclude(request_text=REQUEST).delete()
+        second = lookup(agent, target)
+
+    assert first is not None
+    assert second is not None
+    assert len(counts) == 1  # the second look-up took the first one's count
+    assert plans == ["_nearest_approximate", "_nearest_approximate"]
+
+
+def test_cache_lookup_counts_an_empty_scope_again(agent, target):
+    counts: list[str] = []
+
+    def count_seen(execute, sql, params, many, context):
+        if "COUNT(" in sql:
+            counts.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count_seen):
+        missed = lookup(agent, target)
+        store(agent, target)
+        found = lookup(agent, target)
+
+    assert missed is None
+    assert found is not None
+    assert len(counts) == 2
+
+
+def test_cache_lookup_counts_a_scope_again_once_its_count_is_old(agent, target, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr("routing.cache.monotonic", lambda: clock[0])
+    store(agent, target)
+    monkeypatch.setattr(cache, "EXACT_SCAN_LIMIT", 1)
+    assert lookup(agent, target) is not None
+    store(agent, target, PARAPHRASE)
+    seen: list[int] = []
+    count = cache._ScopeSizes.size
+
+    def size(self, key, scope):
+        seen.append(count(self, key, scope))
+        return seen[-1]
+
+    monkeypatch.setattr(cache._ScopeSizes, "size", size)
+
+    clock[0] += cache.SCOPE_SIZE_SECONDS - 1
+    lookup(agent, target)
+    clock[0] += 1
+    lookup(agent, target)
+
+    assert seen == [1, 2]
 
 
 def test_cache_lookup_puts_the_planner_settings_back(agent, target, monkeypatch):
