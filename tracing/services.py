@@ -215,7 +215,7 @@ class _IngestGate:
     dashboard and the gateway, whose requests would otherwise queue behind ingest in gunicorn. The one
     waiting is ready the moment the turn frees. One request per process is enough: two web processes and
     PostgreSQL keep both cores busy, and a second request per process only contends for the interpreter
-    lock and for PostgreSQL's locks (bench_ingest, same run: 12,503 spans/s stored with 1, 10,820 with 2;
+    lock and for PostgreSQL's locks (bench_ingest, one session: 12,503 spans/s stored with 1, 10,820 with 2;
     PostgreSQL's CPU per span 39 and 65 us)."""
 
     def __init__(self) -> None:
