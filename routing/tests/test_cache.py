@@ -4,8 +4,9 @@ litellm provider."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -256,6 +257,20 @@ def test_cache_lookup_of_a_large_scope_walks_the_hnsw_index(agent, target, monke
     assert far.pk != near.pk
 
 
+@contextlib.contextmanager
+def counted_scopes() -> Iterator[list[str]]:
+    """The COUNT statements sent inside the block: one each time a look-up counts its scope."""
+    counts: list[str] = []
+
+    def count_seen(execute, sql, params, many, context):
+        if "COUNT(" in sql:
+            counts.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count_seen):
+        yield counts
+
+
 def test_cache_lookup_keeps_a_scopes_count_and_picks_the_plan_by_it(agent, target, monkeypatch):
     monkeypatch.setattr(cache, "EXACT_SCAN_LIMIT", 2)
     for text in (REQUEST, PARAPHRASE, UNRELATED):
@@ -273,14 +288,8 @@ def test_cache_lookup_keeps_a_scopes_count_and_picks_the_plan_by_it(agent, targe
 
     for plan in ("_nearest_exact", "_nearest_approximate"):
         monkeypatch.setattr(cache, plan, recorded(plan))
-    counts: list[str] = []
 
-    def count_seen(execute, sql, params, many, context):
-        if "COUNT(" in sql:
-            counts.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(count_seen):
+    with counted_scopes() as counts:
         first = lookup(agent, target)
         CacheEntry.objects.filter(agent=agent).exclude(request_text=REQUEST).delete()
         second = lookup(agent, target)
@@ -292,14 +301,7 @@ def test_cache_lookup_keeps_a_scopes_count_and_picks_the_plan_by_it(agent, targe
 
 
 def test_cache_lookup_counts_an_empty_scope_again(agent, target):
-    counts: list[str] = []
-
-    def count_seen(execute, sql, params, many, context):
-        if "COUNT(" in sql:
-            counts.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(count_seen):
+    with counted_scopes() as counts:
         missed = lookup(agent, target)
         store(agent, target)
         found = lookup(agent, target)
