@@ -261,7 +261,8 @@ def cache_lookup(
         )
         if repeat is not None:
             return repeat, 1.0
-    key = (agent.workspace_id, agent.pk, model_target.pk, prompt_version and prompt_version.pk, system_prompt_hash)
+    version_id = prompt_version.pk if prompt_version is not None else None
+    key = (agent.workspace_id, agent.pk, model_target.pk, version_id, system_prompt_hash)
     size = _scope_sizes.size(key, scope)
     if size == 0:
         return None
