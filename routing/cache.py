@@ -19,7 +19,6 @@ import logging
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from time import monotonic
 from typing import Any, Literal, TypedDict
 
 import httpx
@@ -43,6 +42,7 @@ from routing.models import (
     RoutingDecision,
     TierChoice,
 )
+from routing.process_cache import TtlCache
 
 logger = logging.getLogger("routing.cache")
 
@@ -240,7 +240,7 @@ def cache_lookup(
     commonest hits.
 
     Two plans, chosen by the size of the scope, counted up to `EXACT_SCAN_LIMIT` + 1 rows (and that count
-    kept a minute, see `_ScopeSizes`): a small scope is searched exactly, a large one through the HNSW
+    kept a minute, see `_scope_sizes`): a small scope is searched exactly, a large one through the HNSW
     index. The threshold is applied here rather than in SQL, so that on a miss (the usual case) the index
     walk stops at the scope's first rows instead of hunting for a match that is not there.
     """
@@ -263,7 +263,7 @@ def cache_lookup(
             return repeat, 1.0
     version_id = prompt_version.pk if prompt_version is not None else None
     key = (agent.workspace_id, agent.pk, model_target.pk, version_id, system_prompt_hash)
-    size = _scope_sizes.size(key, scope)
+    size = _scope_size(key, scope)
     if size == 0:
         return None
     # The embedding is not read back: 256 floats parsed per row, and the caller has the request's own.
@@ -276,41 +276,26 @@ def cache_lookup(
     return (entry, similarity) if similarity >= threshold else None
 
 
-class _ScopeSizes:
-    """Each scope's live entries, counted up to `EXACT_SCAN_LIMIT` + 1, as this process last counted them.
+# Each scope's live entries, counted up to `EXACT_SCAN_LIMIT` + 1, as this process last counted them. A
+# stale count only picks the plan: a scope that has grown past the limit since is still searched exactly
+# (slower, never wrong); one that has shrunk below it is searched through the index, which may miss one of
+# the few entries left (a miss, answered by the model). An empty scope is not kept but counted again each
+# time, so the entry stored after its first miss is found at once.
+_scope_sizes: TtlCache[tuple[object, ...], int] = TtlCache(seconds=SCOPE_SIZE_SECONDS, size=SCOPE_SIZES_KEPT)
 
-    A count is kept for `SCOPE_SIZE_SECONDS` when it found entries. A stale count only picks the plan:
-    a scope that has grown past the limit since is still searched exactly (slower, never wrong); one that
-    has shrunk below it is searched through the index, which may miss one of the few entries left (a
-    miss, answered by the model). An empty scope is counted again each time, so the entry stored after
-    its first miss is found at once.
-    """
 
-    def __init__(self) -> None:
-        self._sizes: dict[tuple[object, ...], tuple[int, float]] = {}
-
-    def size(self, key: tuple[object, ...], scope: QuerySet[CacheEntry]) -> int:
-        now = monotonic()
-        known = self._sizes.get(key)
-        if known is not None and known[1] > now:
-            return known[0]
+def _scope_size(key: tuple[object, ...], scope: QuerySet[CacheEntry]) -> int:
+    size = _scope_sizes.get(key)
+    if size is None:
         size = scope.values("pk")[: EXACT_SCAN_LIMIT + 1].count()
         if size:
-            if len(self._sizes) >= SCOPE_SIZES_KEPT:
-                self._sizes.clear()
-            self._sizes[key] = (size, now + SCOPE_SIZE_SECONDS)
-        return size
-
-    def forget(self) -> None:
-        self._sizes.clear()
-
-
-_scope_sizes = _ScopeSizes()
+            _scope_sizes.put(key, size)
+    return size
 
 
 def cache_scope_sizes_forget() -> None:
     """Drop this process's scope counts (tests that change `EXACT_SCAN_LIMIT` or a scope's size start clean)."""
-    _scope_sizes.forget()
+    _scope_sizes.clear()
 
 
 def _nearest_exact(*, candidates: QuerySet[CacheEntry], embedding: list[float]) -> CacheEntry | None:

@@ -313,19 +313,19 @@ def test_cache_lookup_counts_an_empty_scope_again(agent, target):
 
 def test_cache_lookup_counts_a_scope_again_once_its_count_is_old(agent, target, monkeypatch):
     clock = [1000.0]
-    monkeypatch.setattr("routing.cache.monotonic", lambda: clock[0])
+    monkeypatch.setattr(cache._scope_sizes, "clock", lambda: clock[0])
     store(agent, target)
     monkeypatch.setattr(cache, "EXACT_SCAN_LIMIT", 1)
     assert lookup(agent, target) is not None
     store(agent, target, PARAPHRASE)
     seen: list[int] = []
-    count = cache._ScopeSizes.size
+    count = cache._scope_size
 
-    def size(self, key, scope):
-        seen.append(count(self, key, scope))
+    def size(key, scope):
+        seen.append(count(key, scope))
         return seen[-1]
 
-    monkeypatch.setattr(cache._ScopeSizes, "size", size)
+    monkeypatch.setattr(cache, "_scope_size", size)
 
     clock[0] += cache.SCOPE_SIZE_SECONDS - 1
     lookup(agent, target)
