@@ -7,8 +7,8 @@ Everything runs in this process on a database of its own (`keel_bench_evals`, fr
 on the benchmarks' embedded PostgreSQL, against `bench/stub_model_server.py` in a process of its own
 (OpenAI-compatible, asyncio, fixed latency `STUB_LATENCY_MS`). No Keel web server or worker: the run is
 executed with `evals.runs.run_execute`, the Celery task's code path, in this process, so its worker
-threads use real, committed data (the span batches the gateway stores for each sample are enqueued to a
-filesystem broker nobody reads; turning them into trajectories is the ingest worker's work, not the run's).
+threads use real, committed data (the gateway stores each sample's spans and trajectory as it records
+the sample, so that work is part of the run's figures).
 
 1. **Setup**, through Keel's services: a workspace, an agent (single-level routing, single call only)
    with requirements and a production chat prompt that takes a variable, a model target on the stub and

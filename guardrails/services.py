@@ -117,7 +117,7 @@ def _policy_read(agent: Agent) -> EffectivePolicy:
     if saved is None:
         return EffectivePolicy(
             agent=agent,
-            document=derived.default.model_copy(deep=True),
+            document=derived.default,  # shared by every request of this version: read, never changed
             saved=False,
             mandatory=mandatory,
             requirements=requirements,
@@ -378,22 +378,22 @@ def guardrail_evaluate(
             pseudonym_key=check_context.pseudonym_key if check_context.pseudonymize else None,
         )
     verdict = policy.action_combine(hit.action for hit in hits if hit.failure != FailureMode.FAILED_OPEN)
-    GuardrailViolation.objects.bulk_create(
-        GuardrailViolation(
-            workspace_id=agent.workspace_id,
-            agent=agent,
-            layer=resolved_layer.value,
-            check_name=hit.check,
-            action=hit.action.value,
-            score=hit.score,
-            evidence=hit.evidence[:EVIDENCE_MAX_CHARS],
-            source=source[:32],
-            failure=hit.failure,
-            trace_id=trace_id[:64],
+    if hits:  # bulk_create opens a transaction even when there is nothing to write
+        GuardrailViolation.objects.bulk_create(
+            GuardrailViolation(
+                workspace_id=agent.workspace_id,
+                agent=agent,
+                layer=resolved_layer.value,
+                check_name=hit.check,
+                action=hit.action.value,
+                score=hit.score,
+                evidence=hit.evidence[:EVIDENCE_MAX_CHARS],
+                source=source[:32],
+                failure=hit.failure,
+                trace_id=trace_id[:64],
+            )
+            for hit in hits
         )
-        for hit in hits
-    )
-    if hits:
         logger.info(
             "guardrails.violations_recorded",
             extra={

@@ -1,12 +1,12 @@
 """The gateway's own trace: every request it serves becomes a trajectory in Keel's store, with no SDK on
 the caller's side. A `TraceRecorder` collects spans while the request runs (the router's decision, each
-model call, each tool call, chain steps, hand-offs); the gateway stores them as one ingest batch when the
-request ends, whatever the outcome, and the ingest worker turns them into a trajectory like any other.
+model call, each tool call, chain steps, hand-offs); when the request ends, whatever the outcome, the
+gateway stores them and assembles their trajectory as OTLP ingest does (tracing.services.ingest_spans_accept).
 """
 
 from __future__ import annotations
 
-import secrets
+import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,12 +18,18 @@ from tracing import otlp
 SCOPE = "keel.gateway"
 
 
+# Ids are random as OpenTelemetry's SDKs make them (`random.getrandbits`), not from the operating system:
+# `os.urandom` lets go of the interpreter lock for its system call, and the gateway makes an id right
+# after each model call, when litellm's logging thread is waiting for the lock (it would then run first,
+# for about 0.4 ms, ahead of the answer). The module's generator is seeded again in each forked worker.
+
+
 def trace_id_new() -> str:
-    return secrets.token_hex(16)
+    return f"{random.getrandbits(128):032x}"
 
 
 def _span_id() -> str:
-    return secrets.token_hex(8)
+    return f"{random.getrandbits(64):016x}"
 
 
 @dataclass(slots=True)

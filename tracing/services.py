@@ -382,12 +382,23 @@ def ingest_trajectories_accept(*, api_key: ApiKey, payload: Any) -> tuple[Ingest
     return IngestAccepted(batch_id, len(spans), 0, ""), trace_ids
 
 
-def ingest_spans_accept(*, api_key: ApiKey, spans: Sequence[otlp.Span]) -> int:
-    """Store spans that Keel itself produced (the gateway's) as a pending batch; returns its id.
+def ingest_spans_accept(*, api_key: ApiKey, spans: Sequence[otlp.Span]) -> int | None:
+    """Store spans that Keel itself produced (the gateway's) and assemble their trajectories; returns None,
+    or the id of the batch they were kept in instead.
 
     No back-pressure check: the request these spans describe has already been served, and its record
-    must not be refused. The batch is as durable as any other and the same worker turns it into spans.
+    must not be refused. Runs in the caller's transaction. A database error propagates (nothing is
+    written; the caller retries). Any other error is a bug in mapping or assembly, which a retry would
+    meet again: the spans are then kept as a pending batch, as durable as any other, for a worker to try.
     """
+    try:
+        with transaction.atomic():
+            spans_write(workspace=api_key.workspace, api_key=api_key, spans=spans)
+        return None
+    except (OperationalError, InterfaceError):
+        raise
+    except Exception:
+        logger.exception("tracing.ingest_deferred", extra={"spans": len(spans)})
     body = orjson.dumps([_span_document(span) for span in spans])
     return _batch_store(
         api_key=api_key,

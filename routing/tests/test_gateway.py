@@ -348,7 +348,9 @@ def test_a_model_target_alias_is_proxied_and_recorded(gateway):
     assert response.status_code == 200
     assert response.json()["choices"][0]["message"]["content"] == "strong answers: ping"
     assert RoutingDecision.objects.count() == 0
-    assert IngestBatch.objects.filter(source="spans").count() == 1
+    trajectory = Trajectory.objects.get(trace_id=response["X-Keel-Trace-Id"])
+    assert (trajectory.status, trajectory.llm_call_count) == ("ok", 1)
+    assert not IngestBatch.objects.exists()  # stored with the request, no worker involved
 
 
 def _events(response) -> list[Any]:

@@ -18,7 +18,7 @@ from routing.models import CacheEntry, RoutingDecision
 from routing.tests.conftest import Gateway
 from routing.tests.fakes import FAKE_PROVIDER
 from tracing import services as tracing_services
-from tracing.models import IngestBatch, Trajectory
+from tracing.models import IngestBatch, Span, Trajectory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -50,7 +50,7 @@ def test_the_answer_leaves_before_the_record_and_the_thread_then_stores_it(gatew
     assert response.status_code == 200
     trace_id = response["X-Keel-Trace-Id"]
     assert not RoutingDecision.objects.exists()  # answered; the record waits behind the gate
-    assert not IngestBatch.objects.exists()
+    assert not Trajectory.objects.exists()
     assert writer.waiting() == 2
 
     gate.set()
@@ -58,10 +58,9 @@ def test_the_answer_leaves_before_the_record_and_the_thread_then_stores_it(gatew
     decision = RoutingDecision.objects.get()
     assert (decision.trace_id, decision.tier, decision.status) == (trace_id, "single_call", "ok")
     assert CacheEntry.objects.get().trace_id == trace_id  # the step after the record ran too
-    batch = IngestBatch.objects.get()
-    tracing_services.span_batch_process(batch_id=batch.pk)
-    trajectory = Trajectory.objects.get(trace_id=trace_id)
+    trajectory = Trajectory.objects.get(trace_id=trace_id)  # stored with the decision, no worker involved
     assert (trajectory.status, trajectory.llm_call_count) == ("ok", 1)
+    assert not IngestBatch.objects.exists()
     # The next identical request is answered from the entry the thread stored.
     assert gateway.ask("Where is my receipt for trip T9?").json()["keel"]["cache_hit"] is True
 
@@ -76,7 +75,7 @@ def test_a_failed_request_is_recorded_behind_its_error_answer(gateway: Gateway, 
     assert writer.drain(10) == 0
     decision = RoutingDecision.objects.get()
     assert decision.status == "error"
-    assert IngestBatch.objects.filter(source="spans").count() == 1
+    assert Trajectory.objects.get(trace_id=decision.trace_id).status == "error"
 
 
 def test_a_record_the_database_refuses_is_stored_once_when_it_is_back(gateway: Gateway, writer, monkeypatch):
@@ -95,9 +94,33 @@ def test_a_record_the_database_refuses_is_stored_once_when_it_is_back(gateway: G
     assert response.status_code == 200
     assert writer.drain(10) == 0
     assert writer.retries == 3
-    # The decision and the batch share a transaction: three rolled back, one stored.
-    assert RoutingDecision.objects.get().trace_id == response["X-Keel-Trace-Id"]
-    assert IngestBatch.objects.count() == 1
+    # The decision and the spans share a transaction: three rolled back, one stored.
+    trace_id = response["X-Keel-Trace-Id"]
+    assert RoutingDecision.objects.get().trace_id == trace_id
+    assert Trajectory.objects.get().trace_id == trace_id
+    spans = Span.objects.filter(trace_id=trace_id)
+    assert spans.count() == len(set(spans.values_list("span_id", flat=True))) > 1
+
+
+def test_spans_that_fail_to_assemble_are_kept_as_a_batch_for_the_worker(gateway: Gateway, writer, monkeypatch):
+    write = tracing_services.spans_write
+
+    def broken(**kwargs):
+        raise ValueError("a bug in assembly")
+
+    monkeypatch.setattr(tracing_services, "spans_write", broken)
+
+    response = gateway.ask("Where is my receipt?")
+
+    assert response.status_code == 200
+    assert writer.drain(10) == 0
+    trace_id = response["X-Keel-Trace-Id"]
+    assert RoutingDecision.objects.get().trace_id == trace_id  # the decision is not lost with the spans
+    assert not Trajectory.objects.exists()
+    batch = IngestBatch.objects.get(source="spans", status="pending")
+    monkeypatch.setattr(tracing_services, "spans_write", write)  # the bug fixed, the batch is replayed
+    tracing_services.span_batch_process(batch_id=batch.pk)
+    assert Trajectory.objects.get(trace_id=trace_id).llm_call_count == 1
 
 
 def test_when_the_queue_is_full_the_request_writes_its_own_record(gateway: Gateway, monkeypatch, settings):
