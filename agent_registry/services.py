@@ -159,13 +159,25 @@ def apikey_authenticate(*, raw_key: str) -> ApiKey | None:
     if api_key.expires_at is not None and api_key.expires_at <= now:
         return None
     stale = now - timedelta(seconds=settings.API_KEY_LAST_USED_RESOLUTION_SECONDS)
+    written = _last_use_written.get(api_key.pk)
+    if written is not None and (api_key.last_used_at is None or api_key.last_used_at < written):
+        api_key.last_used_at = written  # the key's row was kept from before this process wrote it
     if api_key.last_used_at is None or api_key.last_used_at < stale:
         # A conditional UPDATE: concurrent requests with one key write once, not once each.
         ApiKey.objects.filter(pk=api_key.pk).filter(Q(last_used_at__isnull=True) | Q(last_used_at__lt=stale)).update(
             last_used_at=now
         )
         api_key.last_used_at = now
+        if len(_last_use_written) >= _LAST_USE_KEEP:
+            _last_use_written.clear()
+        _last_use_written[api_key.pk] = now
     return api_key
+
+
+# When this process last wrote each key's `last_used_at`. The key rows the process keeps
+# (config/config_cache.py) are not renewed by that write, which changes no config.
+_LAST_USE_KEEP = 10_000
+_last_use_written: dict[int, datetime] = {}
 
 
 # --- Agents -----------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ Writes live here like a service module: the budget ledger is one unit.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from django.utils import timezone
 from agent_registry import audit
 from agent_registry.models import Agent, ApiKey, AuditAction, User, Workspace
 from config.compiled_query import CompiledQuery
+from config.config_cache import NotifiedCache
 from guardrails import exceptions
 from guardrails.models import (
     Budget,
@@ -158,7 +160,11 @@ def budgets_matching(*, workspace_id: int, agent_id: int | None, api_key_id: int
     if query is None:
         query = CompiledQuery(Budget, _matching, **{name: _MATCHING_SENTINELS[name] for name in shape})
         _matching_compiled[shape] = query
-    return query.rows(**values)
+    # Kept per process until a budget changes (config/config_cache.py); the instances are shared: read only.
+    return list(_budgets.get(tuple(sorted(values.items())), functools.partial(query.rows, **values)))
+
+
+_budgets: NotifiedCache[tuple[tuple[str, object], ...], list[Budget]] = NotifiedCache(size=4096)
 
 
 def _usage_ids(budgets: Sequence[Budget], now: datetime) -> list[int]:

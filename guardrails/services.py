@@ -6,6 +6,8 @@ requests, their use, tool-call counters) live in `guardrails/boundary.py`, budge
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import hmac
 import json
@@ -28,6 +30,7 @@ from agent_registry.models import Agent, ApiKey, AuditAction, User
 from agent_registry.requirements import Requirements
 from config import crypto
 from config.compiled_query import CompiledQuery
+from config.config_cache import NotifiedCache
 from guardrails import exceptions, model_checks, policy
 from guardrails.checks import canary_token, run_checks
 from guardrails.interface import Action, CheckContext, CheckResult, Layer
@@ -96,8 +99,17 @@ def _derived_policy(version_id: int | None, requirements: Requirements | None) -
 
 
 def guardrail_policy_get(*, agent: Agent) -> EffectivePolicy:
-    """The agent's effective policy; read once per gateway request (a request sees one policy throughout)."""
-    return hooks.request_memo(("guardrail_policy", agent.pk), lambda: _policy_read(agent))
+    """The agent's effective policy; read once per gateway request (a request sees one policy throughout),
+    and kept per process until a policy or an agent changes (config/config_cache.py)."""
+    return hooks.request_memo(("guardrail_policy", agent.pk), lambda: _policy_kept(agent))
+
+
+_policies: NotifiedCache[tuple[int, int | None], EffectivePolicy] = NotifiedCache(size=1024)
+
+
+def _policy_kept(agent: Agent) -> EffectivePolicy:
+    kept = _policies.get((agent.pk, agent.current_requirements_id), functools.partial(_policy_read, agent))
+    return kept if kept.agent is agent else dataclasses.replace(kept, agent=agent)
 
 
 # Read once per gateway request (compiled once: config/compiled_query.py).

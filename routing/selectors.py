@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import weakref
 from dataclasses import dataclass
 from functools import lru_cache
@@ -18,6 +19,7 @@ from pgvector.django import CosineDistance
 from agent_registry.models import Agent, ApiKey, PromptVersion, Workspace
 from agent_registry.selectors import apikey_agent_ids
 from config.compiled_query import CompiledQuery, CompiledValues
+from config.config_cache import NotifiedCache
 from config.errors import NotFound
 from routing import router
 from routing.models import CacheEntry, ModelTarget, RouterConfig, RoutingDecision
@@ -148,7 +150,18 @@ def _agent_statement() -> _AgentStatement:
     )
 
 
+# The agent rows as the statement returns them, kept until an agent, a key, a prompt or a router config
+# changes (config/config_cache.py); each request makes its own instances from them.
+_agent_rows: NotifiedCache[tuple[int, int, str], tuple[object, ...] | None] = NotifiedCache(size=GATEWAY_CACHE_SIZE)
+
+
 def _agent_row(*, api_key: ApiKey, slug: str) -> tuple[object, ...] | None:
+    return _agent_rows.get(
+        (api_key.workspace_id, api_key.pk, slug), functools.partial(_agent_row_read, api_key=api_key, slug=slug)
+    )
+
+
+def _agent_row_read(*, api_key: ApiKey, slug: str) -> tuple[object, ...] | None:
     statement = _agent_statement()
     with connection.cursor() as cursor:
         # A prepared statement lives as long as its session, whatever happens to transactions.
@@ -214,8 +227,15 @@ _enabled_target = CompiledQuery(
 )
 
 
+_enabled_targets: NotifiedCache[tuple[int, str], ModelTarget | None] = NotifiedCache(size=GATEWAY_CACHE_SIZE)
+
+
 def gateway_target_get(*, workspace: Workspace, alias: str) -> ModelTarget:
-    target = _enabled_target.first(workspace_id=workspace.pk, alias=alias)
+    kept = _enabled_targets.get(
+        (workspace.pk, alias), functools.partial(_enabled_target.first, workspace_id=workspace.pk, alias=alias)
+    )
+    # A copy for each request: the provider layer writes the target's health on its instance.
+    target = copy.deepcopy(kept)
     if target is None:
         raise ModelNotFound(f"there is no model target {alias!r}; call an agent as 'agent/<slug>' or a target alias")
     return target

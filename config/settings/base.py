@@ -47,6 +47,9 @@ KEEL_GATEWAY_RECORD_BEHIND = env_bool("KEEL_GATEWAY_RECORD_BEHIND", True)
 KEEL_WRITE_BEHIND_QUEUE_SIZE = env_int("KEEL_WRITE_BEHIND_QUEUE_SIZE", 1000)
 KEEL_WRITE_BEHIND_EXIT_SECONDS = env_int("KEEL_WRITE_BEHIND_EXIT_SECONDS", 8)
 KEEL_WRITE_BEHIND_HOLD_MS = env_int("KEEL_WRITE_BEHIND_HOLD_MS", 50)
+# API keys, agents, guardrail policies, budgets and model targets as the gateway reads them on every
+# request, kept per process and emptied by PostgreSQL's LISTEN/NOTIFY when they change (config/config_cache.py).
+KEEL_CONFIG_CACHE = env_bool("KEEL_CONFIG_CACHE", True)
 
 INSTALLED_APPS = [
     "django.contrib.admin",

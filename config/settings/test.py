@@ -26,3 +26,6 @@ KEEL_RATE_LIMIT_ENABLED = False
 # writes its record before answering here. The thread is tested by itself and behind real servers
 # (config/tests/test_write_behind.py, tests/faults, tests/load).
 KEEL_GATEWAY_RECORD_BEHIND = False
+# The listener's connection would hold each test database open; config/tests/test_config_cache.py and the
+# gateway tests behind real servers switch the cache on.
+KEEL_CONFIG_CACHE = False
