@@ -16,9 +16,9 @@ Reads go to the database, as if there were no cache:
 - with `KEEL_CONFIG_CACHE` off (the tests turn it off, except those of the cache itself, which commit).
 
 A read that was under way when a notification arrived is not kept: it may have seen the row before the
-change. A change is therefore seen by every process within the time its notification takes to arrive
-(under a millisecond on one machine). The listener also checks its connection every
-`LISTENER_PING_SECONDS`, so a connection that died silently stops the caching within that time.
+change. A change is therefore seen by every process once its notification has arrived. The listener
+also checks its connection every `LISTENER_PING_SECONDS`, so a connection that died silently stops the
+caching within that time.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ RECONNECT_PAUSES_SECONDS: Final = (0.1, 0.5, 1.0, 2.0, 5.0)
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
-# The trigger function the apps' migrations attach to their tables (config/config_cache.py). Its arguments
-# name columns whose change alone is not a change of config (an API key's `last_used_at`).
+# The trigger function the apps' migrations attach to their tables. Its arguments name columns whose change
+# alone is not a change of config (an API key's `last_used_at`).
 TRIGGER_FUNCTION_SQL: Final = f"""
 CREATE OR REPLACE FUNCTION keel_config_changed() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
