@@ -817,7 +817,7 @@ class GatewayResult:
     calls: list[Call]
     drained: bool
     drain_seconds: float
-    traces_missing: int  # answered requests whose trace is not in the trajectory table after the drain
+    traces_missing: int  # answered requests whose trace is not in the trajectory table once the records caught up
     memory: MemorySampler
 
     def answered(self) -> list[Call]:
@@ -933,20 +933,32 @@ def gateway_load(keel: Keel, world: GatewayWorld, stub_port: int, options: Gatew
         _progress("gateway: warmed up")
     with MemorySampler(keel.process_trees) as memory:
         calls = _gateway_clients(keel.port, world, options.clients, options.seconds, "c")
-        _progress(f"gateway: {len(calls)} requests from {options.clients} clients; draining the worker")
+        _progress(f"gateway: {len(calls)} requests from {options.clients} clients; waiting for their records")
         timings = _stub_timings(stub_port)
-        drained, drain_seconds, _ = ingest_drain(world.workspace_id, options.drain_timeout)
+        answered = {call.trace_id for call in calls if call.status == 200 and call.trace_id}
+        # The web processes write each request's record after answering (and a burst's spans go on to the
+        # worker as batches): wait until both have caught up, as long as either still makes progress.
+        started = progressed = time.monotonic()
+        stored: set[str] = set()
+        drained = False
+        while time.monotonic() - started < options.drain_timeout and time.monotonic() - progressed < 10.0:
+            drained, _, _ = ingest_drain(world.workspace_id, options.drain_timeout)
+            now_stored = set(
+                Trajectory.objects.filter(workspace_id=world.workspace_id, trace_id__in=answered).values_list(
+                    "trace_id", flat=True
+                )
+            )
+            if now_stored != stored:
+                stored, progressed = now_stored, time.monotonic()
+            if stored == answered:
+                break
+            time.sleep(0.2)
+        drain_seconds = time.monotonic() - started
         _progress(f"gateway: drained={drained} in {drain_seconds:.1f} s")
     for call in calls:
         seen = timings.get(call.marker)
         if seen is not None:
             call.provider_seconds = (seen[1] - seen[0]) / 1e9
-    answered = {call.trace_id for call in calls if call.status == 200 and call.trace_id}
-    stored = set(
-        Trajectory.objects.filter(workspace_id=world.workspace_id, trace_id__in=answered).values_list(
-            "trace_id", flat=True
-        )
-    )
     return GatewayResult(
         clients=options.clients,
         seconds=options.seconds,
@@ -1137,9 +1149,9 @@ def gateway_report(report: Report, result: GatewayResult) -> None:
                 f"**{_ms(overheads, 0.5)}**",
                 f"**{_ms(overheads, 0.95)}**",
                 f"**{_ms(overheads, 0.99)}**",
-                f"{result.traces_missing} (worker drained in {result.drain_seconds:.1f} s)"
+                f"{result.traces_missing} (records caught up in {result.drain_seconds:.1f} s)"
                 if result.drained
-                else f"{result.traces_missing} (worker NOT drained)",
+                else f"{result.traces_missing} (span batches NOT drained)",
             ]
         ],
     )
