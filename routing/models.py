@@ -221,12 +221,16 @@ class RoutingDecision(models.Model):
                 name="routingdecision_conversation",
                 condition=~Q(conversation_id=""),
             ),
+            # Only the decisions the router learns from (routing_neighbours' filter): a new decision, whose
+            # outcome is not known yet, enters the graph when its quality is set, not with every request,
+            # and a search does not walk past the ones it would discard.
             HnswIndex(
                 name="routingdecision_embedding",
                 fields=["embedding"],
                 m=16,
                 ef_construction=64,
                 opclasses=["vector_cosine_ops"],
+                condition=Q(quality__isnull=False, cache_hit=False),
             ),
         ]
         constraints: ClassVar = [
