@@ -11,6 +11,7 @@ litellm is imported on first use: it takes seconds to import and only processes 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -298,6 +299,25 @@ def _all_failed(attempts: Sequence[Attempt]) -> ProviderFailed:
     )
 
 
+@contextlib.contextmanager
+def _without_litellm_logging() -> Iterator[None]:
+    """litellm hands each finished call to a thread of its own that builds its logging payload and prices
+    the call again for success callbacks, which Keel has none of: Keel prices and records every call
+    itself. That thread then competes with the request for the interpreter lock, so the call is marked
+    as litellm marks its own nested calls, which skips the hand-over. With a litellm that lacks the
+    marker (the version is pinned in constraints.txt), its logging runs as before."""
+    try:
+        from litellm._internal_context import is_internal_call
+    except ImportError:
+        yield
+        return
+    token = is_internal_call.set(True)
+    try:
+        yield
+    finally:
+        is_internal_call.reset(token)
+
+
 def completion(
     *,
     target: ModelTarget,
@@ -314,7 +334,7 @@ def completion(
     for candidate in _tries(target, single_attempt=single_attempt):
         started = time.time_ns()
         try:
-            with write_behind.writer.waiting_on_io():
+            with write_behind.writer.waiting_on_io(), _without_litellm_logging():
                 response = litellm.completion(**_request(candidate, messages, parameters))
         except _PROVIDER_ERRORS as error:
             _attempt_failed(candidate, error, attempts)
