@@ -33,6 +33,17 @@ def browser_type_launch_args(browser_type_launch_args):
 
 
 @pytest.fixture
+def config_listener(settings):
+    """The process's config cache switched on for one test (config/config_cache.py; off in tests)."""
+    from config import config_cache
+
+    settings.KEEL_CONFIG_CACHE = True
+    assert config_cache.listener.wait_listening(10)
+    yield config_cache.listener
+    config_cache.listener.stop()  # its connection would keep the test database from being dropped
+
+
+@pytest.fixture
 def workspace(db):
     from agent_registry.tests.factories import WorkspaceFactory
 

@@ -26,6 +26,7 @@ KEEL_RATE_LIMIT_ENABLED = False
 # writes its record before answering here. The thread is tested by itself and behind real servers
 # (config/tests/test_write_behind.py, tests/faults, tests/load).
 KEEL_GATEWAY_RECORD_BEHIND = False
-# The listener's connection would hold each test database open; config/tests/test_config_cache.py and the
-# gateway tests behind real servers switch the cache on.
+# The listener's connection would hold each test database open. The `config_listener` fixture switches the
+# cache on for one test (config/tests/test_config_cache.py, routing/tests/test_gateway_config_cache.py); the
+# servers that tests/load and tests/faults start run with it on, as `make run` does.
 KEEL_CONFIG_CACHE = False
