@@ -1,6 +1,6 @@
 """The gateway with its config kept per process (config/config_cache.py, on outside tests): a request after
-the first reads no key, agent, policy or budget row, and a change another connection commits is seen by
-the next request once its notification has arrived.
+the first reads no key, agent, policy or budget row, and a committed change is seen by the next request
+once its notification has arrived.
 
 Transactional tests: the triggers notify at commit."""
 
