@@ -936,8 +936,8 @@ def gateway_load(keel: Keel, world: GatewayWorld, stub_port: int, options: Gatew
         _progress(f"gateway: {len(calls)} requests from {options.clients} clients; waiting for their records")
         timings = _stub_timings(stub_port)
         answered = {call.trace_id for call in calls if call.status == 200 and call.trace_id}
-        # The web processes write each request's record after answering (and a burst's spans go on to the
-        # worker as batches): wait until both have caught up, as long as either still makes progress.
+        # The web processes write each request's record after answering (and leave a span batch for the
+        # worker when assembly fails): wait until both have caught up, while either still makes progress.
         started = progressed = time.monotonic()
         stored: set[str] = set()
         drained = False

@@ -24,16 +24,19 @@ caching within that time.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Final, Generic, TypeVar
 
 import psycopg
 from django.conf import settings
 from django.db import connections
+
+from config.process_cache import TtlCache
 
 logger = logging.getLogger("config.config_cache")
 
@@ -136,7 +139,7 @@ class Listener:
         with self._lock:
             self._listening.clear()
             self.backend_pid = None
-            self.generation += 1
+            self._bump()
 
     def _bump(self) -> None:
         with self._lock:
@@ -188,14 +191,13 @@ listener = Listener()
 
 class NotifiedCache(Generic[K, V]):
     """At most `size` values, each valid for the generation of the listener it was read under; the least
-    recently used goes first when full. Safe to share between a process's threads. Values are shared by
-    every caller: keep only what callers read and never change (or copy it on the way out)."""
+    recently used goes first when full (config/process_cache.py keeps them). Safe to share between a
+    process's threads. Values are shared by every caller: keep only what callers read and never change (or
+    copy it on the way out)."""
 
     def __init__(self, *, size: int, source: Listener | None = None) -> None:
-        self.size = size
         self.source = source or listener
-        self._entries: OrderedDict[K, tuple[int, V]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._entries: TtlCache[K, tuple[int, V]] = TtlCache(seconds=math.inf, size=size)
 
     def get(self, key: K, read: Callable[[], V]) -> V:
         """The value for `key`: kept, or `read()` now (and kept, when nothing changed while reading)."""
@@ -204,22 +206,11 @@ class NotifiedCache(Generic[K, V]):
         if not self.source.listening():
             return read()
         generation = self.source.generation
-        with self._lock:
-            found = self._entries.get(key)
-            if found is not None:
-                if found[0] == generation:
-                    self._entries.move_to_end(key)
-                    return found[1]
-                del self._entries[key]
+        found = self._entries.get(key)
+        if found is not None and found[0] == generation:
+            return found[1]
         value = read()
-        with self._lock:
-            if self.source.generation == generation and self.source.listening():
-                self._entries[key] = (generation, value)
-                self._entries.move_to_end(key)
-                while len(self._entries) > self.size:
-                    self._entries.popitem(last=False)
+        # Kept under the generation it was read in: a notification (or a lost listener) since has moved the
+        # generation on, and the entry is never returned.
+        self._entries.put(key, (generation, value))
         return value
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._entries)

@@ -31,6 +31,7 @@ from pgvector.django import CosineDistance
 from agent_registry.models import Agent, PromptLabel, PromptVersion, User, Workspace
 from config import crypto
 from config.errors import KeelError
+from config.process_cache import TtlCache
 from config.redact import redact
 from routing import embedding as embedder
 from routing.models import (
@@ -42,7 +43,6 @@ from routing.models import (
     RoutingDecision,
     TierChoice,
 )
-from routing.process_cache import TtlCache
 
 logger = logging.getLogger("routing.cache")
 

@@ -21,9 +21,9 @@ from agent_registry.selectors import apikey_agent_ids
 from config.compiled_query import CompiledQuery, CompiledValues
 from config.config_cache import NotifiedCache
 from config.errors import NotFound
+from config.process_cache import TtlCache
 from routing import router
 from routing.models import CacheEntry, ModelTarget, RouterConfig, RoutingDecision
-from routing.process_cache import TtlCache
 
 
 class ModelNotFound(NotFound):

@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -314,20 +314,28 @@ def ingest_otlp_accept(*, api_key: ApiKey, body: bytes, content_type: str, conte
     if not accepted:
         return IngestAccepted(None, 0, 0, "")
     with ingest_gate.turn():
-        try:
-            spans = otlp.map_spans(request.spans)
-            with transaction.atomic():
-                spans_write(workspace=api_key.workspace, api_key=api_key, spans=spans)
-        except (OperationalError, InterfaceError):
-            raise
-        except Exception:
-            # A bug in mapping or assembly, which a retry would meet again: the request is kept as a batch,
-            # and acknowledged as stored, for a worker to try (and, failing, for a person to replay).
-            logger.exception("tracing.ingest_deferred", extra={"spans": accepted})
+        if not _spans_stored(api_key, lambda: otlp.map_spans(request.spans), accepted):
+            # The request is kept as a batch, and acknowledged as stored, for a worker to try (and, failing,
+            # for a person to replay).
             return ingest_otlp_defer(
                 api_key=api_key, body=body, content_type=content_type, content_encoding=content_encoding
             )
     return IngestAccepted(None, accepted, request.rejected_spans, request.error_message)
+
+
+def _spans_stored(api_key: ApiKey, spans: Callable[[], Sequence[otlp.Span]], count: int) -> bool:
+    """Map, write and assemble the spans in a savepoint; False (logged, nothing written) after an error in
+    mapping or assembly, a bug that a retry would meet again. A database error propagates: nothing is
+    written, and the caller's client retries."""
+    try:
+        with transaction.atomic():
+            spans_write(workspace=api_key.workspace, api_key=api_key, spans=spans())
+        return True
+    except (OperationalError, InterfaceError):
+        raise
+    except Exception:
+        logger.exception("tracing.ingest_deferred", extra={"spans": count})
+        return False
 
 
 def ingest_otlp_defer(*, api_key: ApiKey, body: bytes, content_type: str, content_encoding: str) -> IngestAccepted:
@@ -391,14 +399,8 @@ def ingest_spans_accept(*, api_key: ApiKey, spans: Sequence[otlp.Span]) -> int |
     written; the caller retries). Any other error is a bug in mapping or assembly, which a retry would
     meet again: the spans are then kept as a pending batch, as durable as any other, for a worker to try.
     """
-    try:
-        with transaction.atomic():
-            spans_write(workspace=api_key.workspace, api_key=api_key, spans=spans)
+    if _spans_stored(api_key, lambda: spans, len(spans)):
         return None
-    except (OperationalError, InterfaceError):
-        raise
-    except Exception:
-        logger.exception("tracing.ingest_deferred", extra={"spans": len(spans)})
     body = orjson.dumps([_span_document(span) for span in spans])
     return _batch_store(
         api_key=api_key,

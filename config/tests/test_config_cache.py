@@ -3,6 +3,7 @@ the triggers notify only at commit, so these tests do not run in a rolled-back t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import pytest
@@ -65,7 +66,7 @@ def test_a_kept_key_is_read_without_a_query_until_it_is_revoked(config_listener,
 
 def test_a_change_made_by_another_connection_empties_the_cache(config_listener, key):
     api_key, _ = key
-    read = lambda: _live(api_key.prefix)  # noqa: E731
+    read = functools.partial(_live, api_key.prefix)
     assert read().workspace.name == api_key.workspace.name
     assert _queries(read) == 0
 
@@ -117,7 +118,7 @@ def test_a_read_under_way_when_a_notification_arrives_is_not_kept(config_listene
 
 def test_nothing_is_kept_while_the_listener_is_lost_and_it_listens_again(config_listener, key):
     api_key, _ = key
-    read = lambda: registry_selectors.apikey_live_by_prefix(prefix=api_key.prefix)  # noqa: E731
+    read = functools.partial(registry_selectors.apikey_live_by_prefix, prefix=api_key.prefix)
     read()
     assert _queries(read) == 0
     lost = config_listener.backend_pid
@@ -135,5 +136,5 @@ def test_nothing_is_kept_while_the_listener_is_lost_and_it_listens_again(config_
 def test_off_by_setting_every_read_goes_to_the_database(config_listener, key, settings):
     api_key, _ = key
     settings.KEEL_CONFIG_CACHE = False
-    read = lambda: registry_selectors.apikey_live_by_prefix(prefix=api_key.prefix)  # noqa: E731
+    read = functools.partial(registry_selectors.apikey_live_by_prefix, prefix=api_key.prefix)
     assert [_queries(read), _queries(read)] == [1, 1]

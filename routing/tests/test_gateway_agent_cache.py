@@ -1,4 +1,4 @@
-"""What the gateway keeps per process between requests (routing/selectors.py, routing/process_cache.py):
+"""What the gateway keeps per process between requests (routing/selectors.py, config/process_cache.py):
 the key is checked on every request, and a kept router configuration or prompt version is used only
 while what it was read from is unchanged, and for a few seconds at most."""
 
@@ -14,9 +14,9 @@ from django.utils import timezone
 
 from agent_registry import services as registry_services
 from agent_registry.models import Prompt
+from config.process_cache import TtlCache
 from routing import selectors, services
 from routing.models import ModelTarget, RoutingDecision
-from routing.process_cache import TtlCache
 from routing.tests.conftest import Gateway, gateway_agent
 
 pytestmark = pytest.mark.django_db

@@ -1,6 +1,7 @@
 """A small per-process cache whose entries expire after a fixed time: what the gateway reads on every
 request and that rarely changes. No Django imports; each caller decides what a stale entry may cost and
-checks what it must (routing/selectors.py checks a fingerprint read with the agent)."""
+checks what it must (routing/selectors.py checks a fingerprint read with the agent; config/config_cache.py
+keeps entries without a time limit, each under the generation of its listener)."""
 
 from __future__ import annotations
 
