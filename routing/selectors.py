@@ -2,26 +2,29 @@
 
 from __future__ import annotations
 
-import copy
 import functools
+import struct
 import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Final
 
+import psycopg
 from django.db import connection
 from django.db.backends.postgresql.operations import DatabaseOperations as PostgresOperations
+from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from django.db.models import Case, Exists, F, IntegerField, OuterRef, QuerySet, Subquery, Value, When
 from django.db.models.functions import Concat
-from pgvector import Vector
 from pgvector.django import CosineDistance
+from psycopg.adapt import Dumper
+from psycopg.pq import Format
 
 from agent_registry.models import Agent, ApiKey, PromptVersion, Workspace
 from agent_registry.selectors import apikey_agent_ids
 from config.compiled_query import CompiledQuery, CompiledValues
 from config.config_cache import NotifiedCache
 from config.errors import NotFound
-from config.process_cache import TtlCache
+from config.process_cache import TtlCache, instance_copy
 from routing import router
 from routing.models import CacheEntry, ModelTarget, RouterConfig, RoutingDecision
 
@@ -182,7 +185,7 @@ def _router_config(agent: Agent, fingerprint: tuple[object, ...]) -> RouterConfi
         # Read after the fingerprint: a change in between shows as a mismatch next time, never as staleness.
         kept = (fingerprint, router_config_find(agent=agent) if fingerprint[0] is not None else None)
         router_configs_cache.put(agent.pk, kept)
-    return copy.deepcopy(kept[1])
+    return instance_copy(kept[1])
 
 
 def _prompt_version(agent: Agent, version_id: int | None) -> PromptVersion | None:
@@ -194,7 +197,7 @@ def _prompt_version(agent: Agent, version_id: int | None) -> PromptVersion | Non
         if version is None:  # the label moved on and this version went since the agent was read
             return production_prompt_version(agent=agent)
         prompt_versions_cache.put(version_id, version)
-    return copy.deepcopy(version)
+    return instance_copy(version)
 
 
 def gateway_agent_context(*, api_key: ApiKey, slug: str) -> GatewayAgent:
@@ -235,7 +238,7 @@ def gateway_target_get(*, workspace: Workspace, alias: str) -> ModelTarget:
         (workspace.pk, alias), functools.partial(_enabled_target.first, workspace_id=workspace.pk, alias=alias)
     )
     # A copy for each request: the provider layer writes the target's health on its instance.
-    target = copy.deepcopy(kept)
+    target = instance_copy(kept)
     if target is None:
         raise ModelNotFound(f"there is no model target {alias!r}; call an agent as 'agent/<slug>' or a target alias")
     return target
@@ -269,7 +272,7 @@ def production_prompt_version(*, agent: Agent) -> PromptVersion | None:
     return preferred or versions.order_by("prompt__name").first()
 
 
-def _nearest(agent_id: int, vector: str, limit: int) -> QuerySet[Any]:
+def _nearest(agent_id: int, vector: object, limit: int) -> QuerySet[Any]:
     return (
         RoutingDecision.objects.filter(
             agent_id=agent_id, quality__isnull=False, cache_hit=False, embedding__isnull=False
@@ -284,6 +287,34 @@ def _nearest(agent_id: int, vector: str, limit: int) -> QuerySet[Any]:
 _nearest_compiled: dict[int, CompiledValues] = {}
 
 
+class _QueryVector(tuple[float, ...]):
+    """A vector sent as a statement's parameter in pgvector's binary form: two 16-bit words (the width,
+    then zero) and the values as big-endian 32-bit floats. Nothing formats 256 floats as text on the way
+    out, nor parses them on the server."""
+
+    __slots__ = ()
+
+
+class _QueryVectorDumper(Dumper):
+    format = Format.BINARY  # no oid: the server takes the type from the operator (vector <=> vector)
+
+    def dump(self, obj: _QueryVector) -> bytes:
+        return struct.pack(f">HH{len(obj)}f", len(obj), 0, *obj)
+
+
+def _server_bound_cursor() -> CursorWrapper:
+    """A cursor of Django's connection that sends parameters apart from the statement (psycopg's
+    server-side binding; Django's own cursors write them into the SQL), so a vector can travel in
+    binary. Django wraps it as its own: execute wrappers, query logging and error mapping apply."""
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        cursor = psycopg.Cursor(connection.connection)
+    cursor.adapters.register_dumper(_QueryVector, _QueryVectorDumper)
+    connection.validate_thread_sharing()
+    wrapper = CursorDebugWrapper if connection.queries_logged else CursorWrapper
+    return wrapper(cursor, connection)
+
+
 def routing_neighbours(*, agent: Agent, embedding: list[float], limit: int) -> list[router.Neighbour]:
     """The agent's past requests nearest to this one whose outcome is known (cache hits aside)."""
     query = _nearest_compiled.get(limit)
@@ -294,15 +325,15 @@ def routing_neighbours(*, agent: Agent, embedding: list[float], limit: int) -> l
             vector="keel-sentinel:vector",
         )
         _nearest_compiled[limit] = query
-    # As pgvector's CosineDistance writes a list of floats.
-    sql, params = query.statement(agent_id=agent.pk, vector=Vector(embedding).to_text())
-    with connection.cursor() as cursor:
-        # An HNSW scan with a filter can end early; let pgvector keep scanning until enough rows pass. Sent
-        # together (Django binds parameters on the client, so one message may hold two statements), the
-        # two statements run as one transaction, which is what SET LOCAL lasts for: one round trip
-        # instead of BEGIN, SET, SELECT and COMMIT.
-        cursor.execute(f"SET LOCAL hnsw.iterative_scan = relaxed_order; {sql}", params)
-        cursor.nextset()
+    sql, params = query.statement(agent_id=agent.pk, vector=_QueryVector(embedding))
+    with _server_bound_cursor() as cursor:
+        # An HNSW scan with a filter can end early; let pgvector keep scanning until enough rows pass. The
+        # two statements go out in one pipeline, which the server runs as one transaction (there is one
+        # sync, at its end), so SET LOCAL lasts for the search alone: one round trip instead of BEGIN,
+        # SET, SELECT and COMMIT. Inside the caller's transaction it lasts until that ends.
+        with connection.wrap_database_errors, connection.connection.pipeline():
+            cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+            cursor.execute(sql, params)
         rows = [query.converted(row) for row in cursor.fetchall()]
     return [
         router.Neighbour(

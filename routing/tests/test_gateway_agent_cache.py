@@ -127,6 +127,28 @@ def test_each_request_gets_its_own_copies(gateway, clock):
     assert second.config.single_call_target.consecutive_failures == 0
 
 
+def test_a_copy_shares_no_list_or_dict_with_the_kept_instance(gateway, clock):
+    first = _context(gateway)
+    assert first.config is not None
+    assert first.production_version is not None
+    rules, intents = list(first.config.rules), dict(first.config.intents)
+    template = list(first.production_version.template)
+    first.config.rules.append({"name": "added in place"})
+    first.config.intents["added"] = ["in place"]
+    first.production_version.template.append({"role": "user", "content": "added in place"})
+    first.production_version.prompt.name = "renamed in place"
+
+    second = _context(gateway)
+
+    assert second.config is not None
+    assert second.production_version is not None
+    assert (second.config.rules, second.config.intents) == (rules, intents)
+    assert second.production_version.template == template
+    assert second.production_version.prompt.name != "renamed in place"
+    assert second.config.single_call_target == gateway.fast
+    assert second.config.single_call_target is not first.config.single_call_target
+
+
 def test_kept_entries_expire(gateway, clock):
     _context(gateway)
     clock.now += selectors.GATEWAY_CACHE_SECONDS - 0.1

@@ -1,12 +1,12 @@
 """selectors.routing_neighbours: the agent's past requests nearest to a new one, with known outcomes, read
-in one round trip with pgvector's iterative scan in force for that statement only."""
+in one pipeline (one round trip) with pgvector's iterative scan in force for that statement only."""
 
 from __future__ import annotations
 
 from decimal import Decimal
 
 import pytest
-from django.db import connection
+from django.db import DataError, connection
 from django.test.utils import CaptureQueriesContext
 
 from agent_registry.tests.factories import AgentFactory
@@ -46,7 +46,9 @@ def test_the_nearest_decisions_with_known_outcomes_of_this_agent_only(workspace,
             agent=agent, embedding=embedding.embed_offline("I was charged twice for my trip"), limit=5
         )
 
-    assert len(queries.captured_queries) == 1
+    set_local, search = (query["sql"] for query in queries.captured_queries)  # sent together, in one pipeline
+    assert set_local == "SET LOCAL hnsw.iterative_scan = relaxed_order"
+    assert search.startswith("SELECT")
     assert [(n.tier, n.quality, n.cost_usd, n.latency_ms) for n in neighbours] == [
         ("chain", 0.8, 0.01, 1200.0),
         ("single_call", 0.9, 0.002, 1200.0),
@@ -80,3 +82,12 @@ def test_the_iterative_scan_ends_with_the_statement_outside_a_transaction(worksp
 
     assert len(neighbours) == 1
     assert _iterative_scan() in ("off", "None")  # pgvector's default (None: its library is not loaded)
+
+
+@pytest.mark.django_db
+def test_an_error_in_the_pipeline_is_djangos(workspace):
+    agent = AgentFactory.create(workspace=workspace)
+    _decision(agent, "Where is my receipt?")
+
+    with pytest.raises(DataError, match="different vector dimensions"):
+        selectors.routing_neighbours(agent=agent, embedding=[0.6, 0.8], limit=5)
