@@ -25,6 +25,7 @@ from config.compiled_query import CompiledQuery, CompiledValues
 from config.config_cache import NotifiedCache
 from config.errors import NotFound
 from config.process_cache import TtlCache, instance_copy
+from config.unavailable import DATABASE_UNAVAILABLE
 from routing import router
 from routing.models import CacheEntry, ModelTarget, RouterConfig, RoutingDecision
 
@@ -305,7 +306,8 @@ class _QueryVectorDumper(Dumper):
 def _server_bound_cursor() -> CursorWrapper:
     """A cursor of Django's connection that sends parameters apart from the statement (psycopg's
     server-side binding; Django's own cursors write them into the SQL), so a vector can travel in
-    binary. Django wraps it as its own: execute wrappers, query logging and error mapping apply."""
+    binary. Django wraps it as its own: execute wrappers, query logging and error mapping apply. Django's
+    health check is not run (see routing_neighbours)."""
     connection.ensure_connection()
     with connection.wrap_database_errors:
         cursor = psycopg.Cursor(connection.connection)
@@ -315,8 +317,27 @@ def _server_bound_cursor() -> CursorWrapper:
     return wrapper(cursor, connection)
 
 
+def _nearest_rows(query: CompiledValues, sql: str, params: list[Any]) -> list[list[Any]]:
+    with _server_bound_cursor() as cursor:
+        # An HNSW scan with a filter can end early; let pgvector keep scanning until enough rows pass. The
+        # two statements go out in one pipeline, which the server runs as one transaction (there is one
+        # sync, at its end), so SET LOCAL lasts for the search alone: one round trip instead of BEGIN,
+        # SET, SELECT and COMMIT. Inside the caller's transaction it lasts until that ends.
+        with connection.wrap_database_errors, connection.connection.pipeline():
+            cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+            cursor.execute(sql, params)
+        return [query.converted(row) for row in cursor.fetchall()]
+
+
 def routing_neighbours(*, agent: Agent, embedding: list[float], limit: int) -> list[router.Neighbour]:
-    """The agent's past requests nearest to this one whose outcome is known (cache hits aside)."""
+    """The agent's past requests nearest to this one whose outcome is known (cache hits aside).
+
+    The search is often a request's only statement, and Django's health check would add a round trip
+    before it (SELECT 1, once per request on a persistent connection; on the benchmark machine a round trip
+    to a backend that has been idle for a model call's length costs several times one to a busy backend).
+    The search goes without it: a connection that broke since its last use (the server restarted) fails
+    the search instead, which, being a read, runs once more on a new connection. Inside the caller's
+    transaction there is nothing to run again on: the error propagates."""
     query = _nearest_compiled.get(limit)
     if query is None:
         query = CompiledValues(
@@ -326,15 +347,13 @@ def routing_neighbours(*, agent: Agent, embedding: list[float], limit: int) -> l
         )
         _nearest_compiled[limit] = query
     sql, params = query.statement(agent_id=agent.pk, vector=_QueryVector(embedding))
-    with _server_bound_cursor() as cursor:
-        # An HNSW scan with a filter can end early; let pgvector keep scanning until enough rows pass. The
-        # two statements go out in one pipeline, which the server runs as one transaction (there is one
-        # sync, at its end), so SET LOCAL lasts for the search alone: one round trip instead of BEGIN,
-        # SET, SELECT and COMMIT. Inside the caller's transaction it lasts until that ends.
-        with connection.wrap_database_errors, connection.connection.pipeline():
-            cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-            cursor.execute(sql, params)
-        rows = [query.converted(row) for row in cursor.fetchall()]
+    try:
+        rows = _nearest_rows(query, sql, params)
+    except DATABASE_UNAVAILABLE:
+        if connection.in_atomic_block:
+            raise
+        connection.close()
+        rows = _nearest_rows(query, sql, params)
     return [
         router.Neighbour(
             similarity=max(0.0, 1.0 - float(distance)),

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+import psycopg
 import pytest
-from django.db import DataError, connection
+from django.db import DataError, OperationalError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from agent_registry.tests.factories import AgentFactory
@@ -91,3 +92,45 @@ def test_an_error_in_the_pipeline_is_djangos(workspace):
 
     with pytest.raises(DataError, match="different vector dimensions"):
         selectors.routing_neighbours(agent=agent, embedding=[0.6, 0.8], limit=5)
+
+
+def _backend_killed() -> int:
+    """Terminate the server process of Django's connection, as a restart of the server would; its pid."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+    with psycopg.connect(**connection.get_connection_params()) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+    return int(pid)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_that_broke_since_its_last_use_is_replaced_and_the_search_runs_again(workspace):
+    agent = AgentFactory.create(workspace=workspace)
+    _decision(agent, "Where is my receipt?")
+    lost = _backend_killed()
+
+    neighbours = selectors.routing_neighbours(
+        agent=agent, embedding=embedding.embed_offline("Where is my receipt?"), limit=5
+    )
+
+    assert len(neighbours) == 1
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        assert cursor.fetchone() != (lost,)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_inside_a_transaction_a_broken_connection_is_the_callers_error(workspace):
+    agent = AgentFactory.create(workspace=workspace)
+    _decision(agent, "Where is my receipt?")
+    vector = embedding.embed_offline("Where is my receipt?")
+
+    def search_in_a_transaction() -> None:
+        with transaction.atomic():
+            _backend_killed()
+            selectors.routing_neighbours(agent=agent, embedding=vector, limit=5)
+
+    with pytest.raises(OperationalError):
+        search_in_a_transaction()
+    connection.close()  # for the test's teardown
