@@ -12,7 +12,8 @@ Reads go to the database, as if there were no cache:
 - until the listener is listening, and from any error of its connection until it listens again (it
   reconnects, with growing pauses). Anything cached before is dropped then: notifications may have been missed;
 - inside a transaction (`atomic`): the transaction may have changed what it reads, and no other process
-  can see that yet, nor can the cache;
+  can see that yet, nor can the cache (a cache whose readers' transactions never write what it keeps may
+  say so: `NotifiedCache(in_transactions=True)`);
 - with `KEEL_CONFIG_CACHE` off (the tests turn it off, except those of the cache itself, which commit).
 
 A read that was under way when a notification arrived is not kept: it may have seen the row before the
@@ -193,15 +194,23 @@ class NotifiedCache(Generic[K, V]):
     """At most `size` values, each valid for the generation of the listener it was read under; the least
     recently used goes first when full (config/process_cache.py keeps them). Safe to share between a
     process's threads. Values are shared by every caller: keep only what callers read and never change (or
-    copy it on the way out)."""
+    copy it on the way out).
 
-    def __init__(self, *, size: int, source: Listener | None = None) -> None:
+    `in_transactions`: kept values serve reads inside a transaction too. Only for reads whose callers'
+    transactions never write what is read (span ingest reads prices, prompts, agents and triage settings
+    in the transaction that stores the spans, and writes none of them, bar a draft agent it creates and
+    keeps track of itself)."""
+
+    def __init__(self, *, size: int, source: Listener | None = None, in_transactions: bool = False) -> None:
         self.source = source or listener
+        self.in_transactions = in_transactions
         self._entries: TtlCache[K, tuple[int, V]] = TtlCache(seconds=math.inf, size=size)
 
     def get(self, key: K, read: Callable[[], V]) -> V:
         """The value for `key`: kept, or `read()` now (and kept, when nothing changed while reading)."""
-        if not settings.KEEL_CONFIG_CACHE or connections[self.source.database].in_atomic_block:
+        if not settings.KEEL_CONFIG_CACHE:
+            return read()
+        if not self.in_transactions and connections[self.source.database].in_atomic_block:
             return read()
         if not self.source.listening():
             return read()

@@ -203,19 +203,10 @@ def _usage(response: Any) -> tuple[int | None, int | None]:
     return getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
 
 
-# A workspace's own model prices (tracing's ModelPriceOverride), kept per process for a short while: the
-# gateway prices every call, and the table changes rarely.
-PRICE_CACHE_SECONDS = 30.0
-_prices: dict[int, tuple[float, dict[str, pricing.ModelPrice]]] = {}
-
-
 def workspace_prices(workspace_id: int) -> dict[str, pricing.ModelPrice]:
-    cached = _prices.get(workspace_id)
-    if cached is not None and time.monotonic() - cached[0] < PRICE_CACHE_SECONDS:
-        return cached[1]
-    prices = tracing_selectors.model_price_overrides(workspace_id=workspace_id)
-    _prices[workspace_id] = (time.monotonic(), prices)
-    return prices
+    """A workspace's own model prices (tracing's ModelPriceOverride), as the gateway prices every call: kept
+    per process until one changes (config/config_cache.py). Shared: read them, do not change them."""
+    return tracing_selectors.model_price_overrides_kept(workspace_id=workspace_id)
 
 
 def cost_of(

@@ -10,6 +10,7 @@ error, and a row that keeps failing ends `failed` with its error, visible and re
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from datetime import timedelta
@@ -24,6 +25,7 @@ from django.utils import timezone
 from agent_registry import audit
 from agent_registry.models import ApiKey, AuditAction, User, Workspace
 from config import crypto, dispatch
+from config.config_cache import NotifiedCache
 from config.redact import basic_credential, redact
 from tracing import exceptions, otlp
 from tracing.langfuse_encode import EncodedResource, encode_spans, encoded_from_json, encoded_to_json
@@ -112,8 +114,18 @@ def langfuse_mirror_delete(
     LangfuseExport.objects.filter(workspace=workspace, status__in=[ExportStatus.PENDING, ExportStatus.SENDING]).delete()
 
 
-def _mirror_enabled(workspace_id: int) -> bool:
+def _mirror_enabled_read(workspace_id: int) -> bool:
     return LangfuseMirror.objects.filter(workspace_id=workspace_id, enabled=True).exists()
+
+
+# Asked for every batch of spans, in the transaction that stores them (which writes no mirror); kept per
+# process until a mirror is set up, changed or removed (config/config_cache.py; a delivery's status is not a
+# change).
+_mirrors_enabled: NotifiedCache[int, bool] = NotifiedCache(size=1024, in_transactions=True)
+
+
+def _mirror_enabled(workspace_id: int) -> bool:
+    return _mirrors_enabled.get(workspace_id, functools.partial(_mirror_enabled_read, workspace_id))
 
 
 # --- Enqueueing (called inside the transactions that store spans and scores) --------------------------

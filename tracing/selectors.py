@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,6 +15,7 @@ import orjson
 from django.db.models import Count, Max, Min, Prefetch, Q, QuerySet, Sum
 
 from agent_registry.models import PromptVersion, Workspace
+from config.config_cache import NotifiedCache
 from tracing import exceptions, otlp, pricing
 from tracing.models import (
     LangfuseExport,
@@ -443,3 +445,13 @@ def model_price_overrides(*, workspace_id: int) -> dict[str, pricing.ModelPrice]
         )
         for row in ModelPriceOverride.objects.filter(workspace_id=workspace_id)
     }
+
+
+# Read for every batch of spans (in the transaction that stores them, which writes no price) and for every
+# model call the gateway prices; kept per process until a price changes (config/config_cache.py).
+_price_overrides: NotifiedCache[int, dict[str, pricing.ModelPrice]] = NotifiedCache(size=1024, in_transactions=True)
+
+
+def model_price_overrides_kept(*, workspace_id: int) -> dict[str, pricing.ModelPrice]:
+    """`model_price_overrides`, kept per process; shared by every caller: read it, do not change it."""
+    return _price_overrides.get(workspace_id, functools.partial(model_price_overrides, workspace_id=workspace_id))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import logging
 import threading
@@ -44,6 +45,7 @@ from agent_registry import services as registry_services
 from agent_registry.exceptions import AgentSlugTaken
 from agent_registry.models import Agent, AgentStatus, ApiKey, AuditAction, PromptVersion, User, Workspace
 from config import dispatch
+from config.config_cache import NotifiedCache
 from tracing import exceptions, langfuse_bridge, otlp, pricing, selectors, signals, trajectory_json
 from tracing.models import (
     BatchSource,
@@ -565,6 +567,29 @@ def _priced(span: otlp.Span, overrides: Mapping[str, pricing.ModelPrice]) -> otl
     return span if cost is None else dataclasses.replace(span, cost_usd=float(cost))
 
 
+def _key_agents_read(api_key: ApiKey) -> frozenset[int]:
+    return frozenset(api_key.agents.values_list("pk", flat=True))
+
+
+def _agents_by_name_read(workspace: Workspace) -> dict[str, int]:
+    by_name: dict[str, int] = {}
+    for agent_id, slug, name in Agent.objects.filter(workspace=workspace).values_list("pk", "slug", "name"):
+        by_name.setdefault(slug.lower(), agent_id)
+        by_name.setdefault(name.lower(), agent_id)
+    return by_name
+
+
+# What every batch of spans reads, in the transaction that stores them, and no such transaction writes (a
+# draft agent it creates for a trace is added to its own copy of the names): kept per process until a
+# key, an agent, a prompt or a triage setting changes (config/config_cache.py).
+_key_agents: NotifiedCache[int, frozenset[int]] = NotifiedCache(size=4096, in_transactions=True)
+_agents_by_name: NotifiedCache[int, dict[str, int]] = NotifiedCache(size=1024, in_transactions=True)
+_prompt_version_rows: NotifiedCache[tuple[int, frozenset[str]], tuple[tuple[int, str, int, str | None], ...]] = (
+    NotifiedCache(size=4096, in_transactions=True)
+)
+_signal_settings: NotifiedCache[int, signals.SignalConfig] = NotifiedCache(size=4096, in_transactions=True)
+
+
 class _AgentResolver:
     """Finds the agent a trace belongs to: the one its spans name (slug or name), if the key may write
     to it; else the key's only agent; else, for a key of the whole workspace, a new draft agent."""
@@ -573,12 +598,9 @@ class _AgentResolver:
         self.workspace = workspace
         self.allowed: frozenset[int] | None = None
         if api_key is not None:
-            ids = frozenset(api_key.agents.values_list("pk", flat=True))
-            self.allowed = ids or None
-        self.by_name: dict[str, int] = {}
-        for agent_id, slug, name in Agent.objects.filter(workspace=workspace).values_list("pk", "slug", "name"):
-            self.by_name.setdefault(slug.lower(), agent_id)
-            self.by_name.setdefault(name.lower(), agent_id)
+            self.allowed = _key_agents.get(api_key.pk, functools.partial(_key_agents_read, api_key)) or None
+        # A copy: a draft agent created for a trace is added to it.
+        self.by_name = dict(_agents_by_name.get(workspace.pk, functools.partial(_agents_by_name_read, workspace)))
 
     def resolve(self, name: str | None) -> int | None:
         if name:
@@ -697,7 +719,9 @@ class _SignalConfigs:
         if agent_id is None:
             return signals.signals_compute(view)
         if agent_id not in self.configs:
-            self.configs[agent_id] = _signal_settings_for_agent(agent_id)
+            self.configs[agent_id] = _signal_settings.get(
+                agent_id, functools.partial(_signal_settings_for_agent, agent_id)
+            )
         return signals.signals_compute(
             view,
             self.configs[agent_id],
@@ -752,15 +776,26 @@ def _signal_settings_for_agent(agent_id: int) -> signals.SignalConfig:
     )
 
 
+def _prompt_version_rows_read(
+    workspace: Workspace, names: frozenset[str]
+) -> tuple[tuple[int, str, int, str | None], ...]:
+    """(version id, prompt name, version, label or None) of every version of the workspace's prompts named."""
+    return tuple(
+        PromptVersion.objects.filter(prompt__workspace=workspace, prompt__name__in=names).values_list(
+            "pk", "prompt__name", "version", "labels__name"
+        )
+    )
+
+
 def _prompt_versions(workspace: Workspace, spans: Iterable[otlp.Span]) -> dict[tuple[str, str], int]:
     """(prompt name, version or label) → PromptVersion id, for the prompts the spans name."""
     wanted = {(span.prompt_name, span.prompt_version or "production") for span in spans if span.prompt_name}
     if not wanted:
         return {}
-    names = {name for name, _ in wanted}
+    names = frozenset(name for name, _ in wanted)
     found: dict[tuple[str, str], int] = {}
-    rows = PromptVersion.objects.filter(prompt__workspace=workspace, prompt__name__in=names).values_list(
-        "pk", "prompt__name", "version", "labels__name"
+    rows = _prompt_version_rows.get(
+        (workspace.pk, names), functools.partial(_prompt_version_rows_read, workspace, names)
     )
     for version_id, name, number, label in rows:
         found[(name, str(number))] = version_id
@@ -899,7 +934,7 @@ def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence
     """
     if not spans:
         return 0
-    overrides = selectors.model_price_overrides(workspace_id=workspace.pk)
+    overrides = selectors.model_price_overrides_kept(workspace_id=workspace.pk)
     by_trace: dict[str, dict[str, otlp.Span]] = defaultdict(dict)
     for span in spans:
         by_trace[span.trace_id].setdefault(span.span_id, _priced(span, overrides))

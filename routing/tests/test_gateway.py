@@ -546,9 +546,6 @@ def test_a_tier_with_nothing_to_run_with_is_a_clear_409(workspace, fake):
 
 
 def test_calls_are_priced_with_the_workspaces_own_prices(gateway):
-    from routing import providers
-
-    providers._prices.clear()
     tracing_services.model_price_set(
         workspace=gateway.workspace,
         model=f"{FAKE_PROVIDER}/fast",
