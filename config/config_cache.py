@@ -1,6 +1,6 @@
-"""What the gateway reads on every request and people change rarely (API keys, agents and their production
-prompt versions, guardrail policies, budgets, model targets), kept in each process and kept exact by
-PostgreSQL's LISTEN/NOTIFY.
+"""What the gateway reads on every request and span ingest for every batch, and people change rarely (API
+keys, agents and their production prompt versions, guardrail policies, budgets, model targets and prices,
+triage settings, Langfuse mirrors), kept in each process and kept exact by PostgreSQL's LISTEN/NOTIFY.
 
 A trigger on each table these reads depend on (`keel_config_changed`, in the migrations of the apps that
 own the tables) sends a notification on the `keel_config` channel when a row changes; PostgreSQL delivers
