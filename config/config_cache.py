@@ -12,8 +12,9 @@ Reads go to the database, as if there were no cache:
 - until the listener is listening, and from any error of its connection until it listens again (it
   reconnects, with growing pauses). Anything cached before is dropped then: notifications may have been missed;
 - inside a transaction (`atomic`): the transaction may have changed what it reads, and no other process
-  can see that yet, nor can the cache (a cache whose readers' transactions never write what it keeps may
-  say so: `NotifiedCache(in_transactions=True)`);
+  can see that yet, nor can the cache. Except in a transaction opened with `config_free_transaction()`,
+  which says it writes none of what is kept, for the caches that may serve such reads
+  (`NotifiedCache(in_transactions=True)`);
 - with `KEEL_CONFIG_CACHE` off (the tests turn it off, except those of the cache itself, which commit).
 
 A read that was under way when a notification arrived is not kept: it may have seen the row before the
@@ -24,18 +25,19 @@ caching within that time.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Final, Generic, TypeVar
 
 import psycopg
 from django.conf import settings
-from django.db import connections
+from django.db import connections, transaction
 
 from config.process_cache import TtlCache
 
@@ -190,16 +192,41 @@ class Listener:
 listener = Listener()
 
 
+class _ConfigFree(threading.local):
+    depth = 0  # how many config_free_transaction() blocks the thread is in, outermost transactions only
+
+
+_config_free = _ConfigFree()
+
+
+@contextlib.contextmanager
+def config_free_transaction(using: str = "default") -> Iterator[None]:
+    """`transaction.atomic()` for work that writes none of what the caches keep (span ingest: spans,
+    trajectories, routing decisions), so that caches made with `in_transactions=True` serve its reads.
+    Opened inside another transaction, it is an ordinary savepoint and those reads go to the database:
+    the outer transaction may have written what they read. A draft agent that ingest creates for a
+    trace is the exception: the ingest keeps track of it itself, and a cache entry read after it is
+    never wrong (if the transaction rolls back, no trace refers to that agent)."""
+    outermost = not connections[using].in_atomic_block
+    with transaction.atomic(using=using):
+        if not outermost:
+            yield
+            return
+        _config_free.depth += 1
+        try:
+            yield
+        finally:
+            _config_free.depth -= 1
+
+
 class NotifiedCache(Generic[K, V]):
     """At most `size` values, each valid for the generation of the listener it was read under; the least
     recently used goes first when full (config/process_cache.py keeps them). Safe to share between a
     process's threads. Values are shared by every caller: keep only what callers read and never change (or
     copy it on the way out).
 
-    `in_transactions`: kept values serve reads inside a transaction too. Only for reads whose callers'
-    transactions never write what is read (span ingest reads prices, prompts, agents and triage settings
-    in the transaction that stores the spans, and writes none of them, bar a draft agent it creates and
-    keeps track of itself)."""
+    `in_transactions`: kept values serve reads inside a `config_free_transaction()` too (span ingest reads
+    prices, prompts, agents and triage settings in the transaction that stores the spans)."""
 
     def __init__(self, *, size: int, source: Listener | None = None, in_transactions: bool = False) -> None:
         self.source = source or listener
@@ -210,7 +237,7 @@ class NotifiedCache(Generic[K, V]):
         """The value for `key`: kept, or `read()` now (and kept, when nothing changed while reading)."""
         if not settings.KEEL_CONFIG_CACHE:
             return read()
-        if not self.in_transactions and connections[self.source.database].in_atomic_block:
+        if connections[self.source.database].in_atomic_block and not (self.in_transactions and _config_free.depth):
             return read()
         if not self.source.listening():
             return read()

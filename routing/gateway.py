@@ -21,12 +21,12 @@ from decimal import Decimal
 from typing import Any
 
 import orjson
-from django.db import transaction
 
 from agent_registry import prompts
 from agent_registry import selectors as registry_selectors
 from agent_registry.models import Agent, ApiKey, PromptType, PromptVersion
 from config import dispatch, write_behind
+from config.config_cache import config_free_transaction
 from config.errors import KeelError, ValidationFailed
 from routing import cache, guarding, hooks, providers, router, selectors, tiers
 from routing.chat import ChatCompletionRequest, chunk_body, completion_body
@@ -474,7 +474,8 @@ def _store(
 ) -> RoutingDecision | None:
     """Store the decision and the request's spans in one transaction; returns the decision."""
     decision = plan.decision
-    with transaction.atomic():
+    # The decision and the spans write no config: span ingest's kept reads serve inside (config/config_cache.py).
+    with config_free_transaction():
         row = None
         if plan.agent is not None and decision is not None and plan.pin is None:
             cost = result.cost_usd if result else None

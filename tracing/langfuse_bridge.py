@@ -118,7 +118,7 @@ def _mirror_enabled_read(workspace_id: int) -> bool:
     return LangfuseMirror.objects.filter(workspace_id=workspace_id, enabled=True).exists()
 
 
-# Asked for every batch of spans, in the transaction that stores them (which writes no mirror); kept per
+# Asked for every batch of spans, in the transaction that stores them (config_free_transaction); kept per
 # process until a mirror is set up, changed or removed (config/config_cache.py; a delivery's status is not a
 # change).
 _mirrors_enabled: NotifiedCache[int, bool] = NotifiedCache(size=1024, in_transactions=True)

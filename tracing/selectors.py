@@ -447,8 +447,8 @@ def model_price_overrides(*, workspace_id: int) -> dict[str, pricing.ModelPrice]
     }
 
 
-# Read for every batch of spans (in the transaction that stores them, which writes no price) and for every
-# model call the gateway prices; kept per process until a price changes (config/config_cache.py).
+# Read for every batch of spans (in the transaction that stores them: config_free_transaction) and for
+# every model call the gateway prices; kept per process until a price changes (config/config_cache.py).
 _price_overrides: NotifiedCache[int, dict[str, pricing.ModelPrice]] = NotifiedCache(size=1024, in_transactions=True)
 
 

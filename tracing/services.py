@@ -45,7 +45,7 @@ from agent_registry import services as registry_services
 from agent_registry.exceptions import AgentSlugTaken
 from agent_registry.models import Agent, AgentStatus, ApiKey, AuditAction, PromptVersion, User, Workspace
 from config import dispatch
-from config.config_cache import NotifiedCache
+from config.config_cache import NotifiedCache, config_free_transaction
 from tracing import exceptions, langfuse_bridge, otlp, pricing, selectors, signals, trajectory_json
 from tracing.models import (
     BatchSource,
@@ -330,7 +330,7 @@ def _spans_stored(api_key: ApiKey, spans: Callable[[], Sequence[otlp.Span]], cou
     mapping or assembly, a bug that a retry would meet again. A database error propagates: nothing is
     written, and the caller's client retries."""
     try:
-        with transaction.atomic():
+        with config_free_transaction():
             spans_write(workspace=api_key.workspace, api_key=api_key, spans=spans())
         return True
     except (OperationalError, InterfaceError):
@@ -502,7 +502,7 @@ def span_batch_process(*, batch_id: int, held: int | None = None) -> int:
             IngestBatch.objects.filter(pk=batch_id).update(status=BatchStatus.FAILED, error=str(error)[:2000])
             logger.error("tracing.batch_undecodable", extra={"batch_id": batch_id, "error": str(error)})
             return 0
-        with transaction.atomic():
+        with config_free_transaction():
             written = spans_write(workspace=batch.workspace, api_key=batch.api_key, spans=spans)
             IngestBatch.objects.filter(pk=batch_id).update(
                 status=BatchStatus.DONE, processed_at=timezone.now(), body=b"", error=""
@@ -579,9 +579,9 @@ def _agents_by_name_read(workspace: Workspace) -> dict[str, int]:
     return by_name
 
 
-# What every batch of spans reads, in the transaction that stores them, and no such transaction writes (a
-# draft agent it creates for a trace is added to its own copy of the names): kept per process until a
-# key, an agent, a prompt or a triage setting changes (config/config_cache.py).
+# What every batch of spans reads, in the transaction that stores them (config_free_transaction: it writes
+# none of it, bar a draft agent it creates for a trace and adds to its own copy of the names): kept per
+# process until a key, an agent, a prompt or a triage setting changes (config/config_cache.py).
 _key_agents: NotifiedCache[int, frozenset[int]] = NotifiedCache(size=4096, in_transactions=True)
 _agents_by_name: NotifiedCache[int, dict[str, int]] = NotifiedCache(size=1024, in_transactions=True)
 _prompt_version_rows: NotifiedCache[tuple[int, frozenset[str]], tuple[tuple[int, str, int, str | None], ...]] = (

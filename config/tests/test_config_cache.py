@@ -101,6 +101,24 @@ def test_reads_inside_a_transaction_go_to_the_database(config_listener, key):
         assert _live(api_key.prefix).name == "renamed in the transaction"
 
 
+def test_a_config_free_transaction_is_served_by_the_caches_that_allow_it_and_only_when_outermost(config_listener):
+    allowing: config_cache.NotifiedCache[str, str] = config_cache.NotifiedCache(size=10, in_transactions=True)
+    ordinary: config_cache.NotifiedCache[str, str] = config_cache.NotifiedCache(size=10)
+    allowing.get("k", lambda: "kept")
+    ordinary.get("k", lambda: "kept")
+
+    with config_cache.config_free_transaction():
+        assert allowing.get("k", lambda: "read") == "kept"
+        assert ordinary.get("k", lambda: "read") == "read"
+        with transaction.atomic():  # a savepoint of the same config-free transaction
+            assert allowing.get("k", lambda: "read") == "kept"
+    with transaction.atomic():
+        assert allowing.get("k", lambda: "read") == "read"
+        with config_cache.config_free_transaction():  # the outer transaction may have written config
+            assert allowing.get("k", lambda: "read") == "read"
+    assert allowing.get("k", lambda: "read") == "kept"
+
+
 def test_a_read_under_way_when_a_notification_arrives_is_not_kept(config_listener):
     cache: config_cache.NotifiedCache[str, int] = config_cache.NotifiedCache(size=10)
     reads: list[int] = []

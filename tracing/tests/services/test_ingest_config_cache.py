@@ -10,11 +10,11 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from agent_registry import services as registry_services
-from agent_registry.models import Agent
+from agent_registry.models import Agent, Prompt
 from agent_registry.tests.factories import AgentFactory
 from config.tests.listening import settled, until
 from tracing import otlp, services
@@ -127,3 +127,18 @@ def test_a_change_of_prices_triage_settings_or_mirror_notifies_but_a_delivery_st
     assert notified(lambda: LangfuseMirror.objects.filter(pk=mirror.pk).update(enabled=True))
     assert not notified(lambda: LangfuseMirror.objects.filter(pk=mirror.pk).update(last_error="timed out"))
     assert not notified(lambda: LangfuseMirror.objects.filter(pk=mirror.pk).update(delivered_spans=10))
+
+
+def test_inside_a_callers_transaction_ingest_reads_what_that_transaction_wrote(otel, key, workspace, config_listener):
+    settled(config_listener)
+    _ingest(otel, key, prompt=("ride-support/system", "production"))  # kept: no production version yet
+    prompt = Prompt.objects.get(workspace=workspace, name="ride-support/system")
+
+    with transaction.atomic():
+        registry_services.prompt_version_create(
+            prompt=prompt, template=[{"role": "system", "content": "Help more."}], labels=["production"]
+        )
+        trace_id, _ = _ingest(otel, key, prompt=("ride-support/system", "production"))
+
+    trajectory = Trajectory.objects.get(trace_id=trace_id)
+    assert list(trajectory.prompt_versions.values_list("version", flat=True)) == [2]
