@@ -7,6 +7,7 @@ Transactional tests: the triggers notify at commit."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from decimal import Decimal
 
 import pytest
@@ -109,11 +110,11 @@ def test_a_change_of_prices_triage_settings_or_mirror_notifies_but_a_delivery_st
     agent = AgentFactory.create(workspace=workspace)
     settled(config_listener)
 
-    def notified(change) -> bool:
-        since = config_listener.notifications
+    def notified(change: Callable[[], object]) -> bool:
+        since: int = config_listener.notifications
         change()
         settled(config_listener)
-        return config_listener.notifications > since
+        return bool(config_listener.notifications > since)
 
     assert notified(
         lambda: ModelPriceOverride.objects.create(
