@@ -345,6 +345,8 @@ def _explain(call: Callable[[], object]) -> list[tuple[str, str]]:
             if statement.startswith(("SAVEPOINT", "RELEASE", "ROLLBACK")):
                 continue
             if statement.startswith("SELECT") and "SET_CONFIG" not in statement:
+                # This cursor writes parameters into the SQL: a vector the search sent in binary goes as text.
+                params = [_vector_text(value) if isinstance(value, tuple) else value for value in params]
                 cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
                 plans.append((sql, "\n".join(row[0] for row in cursor.fetchall())))
             else:
