@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import http.client
 import os
 import signal
 import socket
@@ -26,6 +27,7 @@ from types import FrameType
 
 BASE_DIR = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+WEB_START_TIMEOUT = 180.0  # seconds for the web server's first answer
 
 
 @dataclass
@@ -64,14 +66,24 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def _wait_for_port(host: str, port: int, timeout: float) -> bool:
+def _serving(host: str, port: int, web: Child, stopping: Callable[[], bool], timeout: float) -> bool:
+    """Whether the web server answers a page (the login page) within `timeout` seconds. Gunicorn listens
+    before its worker has loaded Keel, and on a busy machine that load takes seconds: a URL printed when
+    the port opens would hang in the first browser that follows it."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not stopping():
+        assert web.process is not None
+        if web.process.poll() is not None:
+            return False
+        page = http.client.HTTPConnection(host, port, timeout=max(1.0, deadline - time.monotonic()))
         try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return True
-        except OSError:
+            page.request("GET", "/login/")
+            page.getresponse().read()
+            return True  # any answer: the server is up
+        except (OSError, http.client.HTTPException):  # not listening yet, or no answer in time
             time.sleep(0.2)
+        finally:
+            page.close()
     return False
 
 
@@ -196,16 +208,18 @@ def main(argv: list[str] | None = None) -> int:
             child.process = subprocess.Popen(
                 child.argv, cwd=BASE_DIR, start_new_session=True, preexec_fn=_niced(child.nice)
             )
-        if _wait_for_port(options.host, options.port, timeout=30):
+        url = f"http://{options.host}:{options.port}/"
+        if _serving(options.host, options.port, children[0], lambda: stopping, timeout=WEB_START_TIMEOUT):
             from agent_registry import demo
 
-            url = f"http://{options.host}:{options.port}/"
             _say("")
             _say(f"Keel is running at {url}")
             if not options.no_seed:
                 _say(f"log in as {demo.DEMO_USERNAME} / {demo.DEMO_PASSWORD}")
             _say(f"API docs at {url}api/v1/docs · admin at {url}admin/ · Ctrl-C stops everything")
             _say("")
+        elif not stopping:
+            _say(f"the web server did not answer {url}login/ in {WEB_START_TIMEOUT:.0f} s")
         while not stopping:
             for child in children:
                 assert child.process is not None

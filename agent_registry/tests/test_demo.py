@@ -23,12 +23,6 @@ from agent_registry.models import (
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture(autouse=True)
-def media(tmp_path, settings):
-    """The seed writes files (the trainer bridge's exports, base model and adapter): each test keeps its own."""
-    settings.MEDIA_ROOT = tmp_path / "media"
-
-
 def registry_rows() -> dict[str, list[Any]]:
     """Every registry row the seed writes, by primary key, so that a second run that rewrote a row, or
     deleted and re-created it, shows as well as one that added a row."""
@@ -59,8 +53,7 @@ def registry_rows() -> dict[str, list[Any]]:
     }
 
 
-def test_seeding_twice_leaves_the_registry_unchanged():
-    demo.demo_seed()
+def test_seeding_twice_leaves_the_registry_unchanged(demo_workspace):
     first = registry_rows()
 
     demo.demo_seed()
@@ -68,8 +61,8 @@ def test_seeding_twice_leaves_the_registry_unchanged():
     assert registry_rows() == first
 
 
-def test_the_seed_has_two_agents_with_two_requirements_versions_and_deployed_prompts():
-    workspace = demo.demo_seed()
+def test_the_seed_has_two_agents_with_two_requirements_versions_and_deployed_prompts(demo_workspace):
+    workspace = demo_workspace
 
     agents = Agent.objects.filter(workspace=workspace).select_related("current_requirements").order_by("slug")
     assert [(agent.slug, agent.requirements_versions.count(), agent.current_requirements) for agent in agents] == [

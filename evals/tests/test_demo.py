@@ -13,19 +13,8 @@ from tracing.models import Trajectory
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture(autouse=True)
-def media(tmp_path, settings):
-    """The seed writes files (the trainer bridge's exports, base model and adapter): each test keeps its own."""
-    settings.MEDIA_ROOT = tmp_path / "media"
-
-
-@pytest.fixture
-def seeded():
-    return registry_demo.demo_seed()
-
-
-def test_the_regression_set_has_a_tagged_golden_version_and_production_cases(seeded):
-    dataset = Dataset.objects.get(workspace=seeded, name=demo.DATASET)
+def test_the_regression_set_has_a_tagged_golden_version_and_production_cases(demo_workspace):
+    dataset = Dataset.objects.get(workspace=demo_workspace, name=demo.DATASET)
     first, second = DatasetVersion.objects.filter(dataset=dataset).order_by("version")
 
     golden = selectors.dataset_version_items(version=first)
@@ -34,12 +23,12 @@ def test_the_regression_set_has_a_tagged_golden_version_and_production_cases(see
     assert {item.metadata["tags"]["language"] for item in golden} == {"en", "es", "fr"}
     from_production = [item for item in latest if item.source_trace_id]
     assert len(from_production) == demo.PRODUCTION_CASES
-    known = set(Trajectory.objects.filter(workspace=seeded).values_list("trace_id", flat=True))
+    known = set(Trajectory.objects.filter(workspace=demo_workspace).values_list("trace_id", flat=True))
     assert {item.source_trace_id for item in from_production} <= known
     assert all(item.input_messages for item in from_production)
 
 
-def test_seeding_again_adds_nothing(seeded):
+def test_seeding_again_adds_nothing(demo_workspace):
     before = DatasetVersion.objects.count()
 
     registry_demo.demo_seed()
@@ -47,10 +36,10 @@ def test_seeding_again_adds_nothing(seeded):
     assert DatasetVersion.objects.count() == before == 2
 
 
-def test_the_ride_suite_is_proposed_and_run_on_both_prompt_versions_with_k_4(seeded):
+def test_the_ride_suite_is_proposed_and_run_on_both_prompt_versions_with_k_4(demo_workspace):
     from evals.models import OnlineEvaluation, Run, RunStatus, Suite
 
-    suite = Suite.objects.get(workspace=seeded, name="ride-support-output-quality")
+    suite = Suite.objects.get(workspace=demo_workspace, name="ride-support-output-quality")
     assert suite.samples == 4
     assert suite.schedule_enabled
     assert suite.dataset is not None
@@ -71,18 +60,18 @@ def test_the_ride_suite_is_proposed_and_run_on_both_prompt_versions_with_k_4(see
             assert set(overall["pass_at_k"]) == {"1", "4"}
         assert run.report[names[0]]["worst_groups"]["language"] is not None
     # The online rule scored production trajectories, and a person rated some of them too.
-    assert OnlineEvaluation.objects.filter(rule__workspace=seeded).exists()
-    calibration = selectors.evaluator_calibration(workspace=seeded, name="action_appropriateness").calibration
+    assert OnlineEvaluation.objects.filter(rule__workspace=demo_workspace).exists()
+    calibration = selectors.evaluator_calibration(workspace=demo_workspace, name="action_appropriateness").calibration
     assert calibration.n >= 4
     assert calibration.agreement is not None
     assert calibration.agreement < 1
     # The shopping assistant's proposal waits for a dataset.
-    shopping = Suite.objects.get(workspace=seeded, name="shopping-assistant-output-quality")
+    shopping = Suite.objects.get(workspace=demo_workspace, name="shopping-assistant-output-quality")
     assert shopping.dataset is None
     assert not shopping.schedule_enabled
 
 
-def test_seeding_again_runs_nothing_again(seeded):
+def test_seeding_again_runs_nothing_again(demo_workspace):
     from evals.models import OnlineEvaluation, Run
 
     before = (Run.objects.count(), OnlineEvaluation.objects.count())

@@ -14,20 +14,11 @@ from tracing.models import Trajectory
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture(autouse=True)
-def media(tmp_path, settings):
-    """The seed writes files (the trainer bridge's exports, base model and adapter): each test keeps its own."""
-    settings.MEDIA_ROOT = tmp_path / "media"
-
-
-@pytest.fixture
-def seeded():
-    return registry_demo.demo_seed()
-
-
-def test_the_demo_traffic_shows_every_tier_method_and_outcome(seeded):
+def test_the_demo_traffic_shows_every_tier_method_and_outcome(demo_workspace):
     # The guardrails demo sends requests of its own through the gateway; these are the routing demo's.
-    decisions = RoutingDecision.objects.filter(workspace=seeded).exclude(conversation_id__startswith="demo-guardrails")
+    decisions = RoutingDecision.objects.filter(workspace=demo_workspace).exclude(
+        conversation_id__startswith="demo-guardrails"
+    )
 
     assert decisions.count() == len(demo.RIDE_WAVE) + len(demo.SHOPPING_WAVE) + len(demo.RIDE_SECOND_WAVE)
     ride = decisions.filter(agent__slug="ride-support")
@@ -38,26 +29,26 @@ def test_the_demo_traffic_shows_every_tier_method_and_outcome(seeded):
     assert decisions.filter(quality__isnull=False).count() >= 20
     # Priced from the workspace's prices for the demo models, through the trajectories.
     assert ride.filter(tier="chain", cost_usd__gt=0).exists()
-    assert ShadowRun.objects.filter(decision__workspace=seeded, status="done", quality__isnull=False).exists()
-    assert Handoff.objects.filter(workspace=seeded, status="resolved").count() == 1
+    assert ShadowRun.objects.filter(decision__workspace=demo_workspace, status="done", quality__isnull=False).exists()
+    assert Handoff.objects.filter(workspace=demo_workspace, status="resolved").count() == 1
     # By rule: the safety report and the $240 dispute; by estimate: two password questions whose similar
     # past requests the judge scored low on every automated tier.
-    assert Handoff.objects.filter(workspace=seeded).count() == 4
-    assert CacheHit.objects.filter(workspace=seeded, false_hit__isnull=False).count() == 1
+    assert Handoff.objects.filter(workspace=demo_workspace).count() == 4
+    assert CacheHit.objects.filter(workspace=demo_workspace, false_hit__isnull=False).count() == 1
 
 
-def test_every_request_is_a_trajectory_of_its_agent(seeded):
-    trace_ids = set(RoutingDecision.objects.filter(workspace=seeded).values_list("trace_id", flat=True))
+def test_every_request_is_a_trajectory_of_its_agent(demo_workspace):
+    trace_ids = set(RoutingDecision.objects.filter(workspace=demo_workspace).values_list("trace_id", flat=True))
     # Eval runs answer through the gateway too (tagged `eval`); the trainer demo stores their trajectories.
     gateway = (
-        Trajectory.objects.filter(workspace=seeded, tags__contains=["gateway"])
+        Trajectory.objects.filter(workspace=demo_workspace, tags__contains=["gateway"])
         .exclude(tags__contains=["shadow"])
         .exclude(tags__contains=["eval"])
     )
 
     # Requests the input guardrails block are recorded before (and without) a routing decision.
     blocked = set(
-        GuardrailViolation.objects.filter(workspace=seeded, layer="input", action="block").values_list(
+        GuardrailViolation.objects.filter(workspace=demo_workspace, layer="input", action="block").values_list(
             "trace_id", flat=True
         )
     )
@@ -66,10 +57,10 @@ def test_every_request_is_a_trajectory_of_its_agent(seeded):
     assert all(t.agent is not None for t in gateway.select_related("agent"))
 
 
-def test_seeding_again_sends_nothing(seeded):
+def test_seeding_again_sends_nothing(demo_workspace):
     before = RoutingDecision.objects.count()
 
-    assert demo.demo_routing_seed(seeded) == 0
+    assert demo.demo_routing_seed(demo_workspace) == 0
     registry_demo.demo_seed()
 
     assert RoutingDecision.objects.count() == before

@@ -70,9 +70,9 @@ def test_make_run_serves_keel_and_ctrl_c_stops_every_process():
         start_new_session=True,
     )
     try:
-        printed = _read_until(process, "Keel is running at", timeout=240)
+        printed = _read_until(process, "Keel is running at", timeout=300)
         assert any(f"http://127.0.0.1:{port}/" in line for line in printed)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/login/", timeout=10) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/login/", timeout=30) as response:
             assert response.status == 200
             assert b"Keel" in response.read()
         children = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()

@@ -17,17 +17,6 @@ from tracing.models import IngestBatch, Score, Span, Trajectory
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture(autouse=True)
-def media(tmp_path, settings):
-    """The seed writes files (the trainer bridge's exports, base model and adapter): each test keeps its own."""
-    settings.MEDIA_ROOT = tmp_path / "media"
-
-
-@pytest.fixture
-def seeded():
-    return registry_demo.demo_seed()
-
-
 def _recorded(workspace=None):
     """The trajectories this module seeds (the gateway's demo traffic is routing's, tagged `gateway`)."""
     trajectories = Trajectory.objects.exclude(tags__contains=["gateway"])
@@ -44,11 +33,11 @@ def _counts() -> dict[str, int]:
     }
 
 
-def test_seeding_twice_adds_nothing(seeded):
+def test_seeding_twice_adds_nothing(demo_workspace):
     first = _counts()
 
     registry_demo.demo_seed()
-    added = demo.demo_traces_seed(seeded)
+    added = demo.demo_traces_seed(demo_workspace)
 
     assert _counts() == first
     assert added == 0
@@ -59,15 +48,15 @@ def test_seeding_twice_adds_nothing(seeded):
     )
 
 
-def test_the_trajectories_come_through_ingest_with_the_demo_key(seeded):
-    key = ApiKey.objects.get(workspace=seeded, name=demo.DEMO_KEY_NAME)
-    trajectories = _recorded(seeded).select_related("agent")
+def test_the_trajectories_come_through_ingest_with_the_demo_key(demo_workspace):
+    key = ApiKey.objects.get(workspace=demo_workspace, name=demo.DEMO_KEY_NAME)
+    trajectories = _recorded(demo_workspace).select_related("agent")
 
     assert key.scopes == ["ingest"]
     # Stored in the request: no OTLP batch was left for a worker.
-    assert not IngestBatch.objects.filter(workspace=seeded, source="otlp").exists()
+    assert not IngestBatch.objects.filter(workspace=demo_workspace, source="otlp").exists()
     assert (
-        Span.objects.filter(workspace=seeded, trajectory__in=trajectories).count()
+        Span.objects.filter(workspace=demo_workspace, trajectory__in=trajectories).count()
         == sum(t.span_count for t in trajectories)
         > 0
     )
@@ -78,9 +67,9 @@ def test_the_trajectories_come_through_ingest_with_the_demo_key(seeded):
     assert 55 <= trajectories.count() <= 70
 
 
-def test_the_week_is_spread_over_seven_days_with_recent_traffic(seeded):
+def test_the_week_is_spread_over_seven_days_with_recent_traffic(demo_workspace):
     now = timezone.now()
-    started = sorted(Trajectory.objects.filter(workspace=seeded).values_list("started_at", flat=True))
+    started = sorted(Trajectory.objects.filter(workspace=demo_workspace).values_list("started_at", flat=True))
 
     assert started[0] >= now - timedelta(days=7, minutes=5)
     assert started[-1] <= now
@@ -93,8 +82,8 @@ def _tool_calls(trajectory: Trajectory) -> list[tuple[str, str | None]]:
     return [(call.name, call.error) for call in view.tool_calls if call.source == "span"]
 
 
-def test_the_expected_variety_is_there(seeded):
-    trajectories = _recorded(seeded)
+def test_the_expected_variety_is_there(demo_workspace):
+    trajectories = _recorded(demo_workspace)
 
     # Successful refunds.
     refunds = [t for t in trajectories.filter(tags__contains=["double-charge"]) if t.status == "ok"]
@@ -135,10 +124,10 @@ def test_the_expected_variety_is_there(seeded):
     assert sum(1 for count in turns.values() if count >= 2) >= 10
 
 
-def test_trajectories_link_to_the_demo_prompt_versions(seeded):
+def test_trajectories_link_to_the_demo_prompt_versions(demo_workspace):
     linked = {
         (version.prompt.name, version.version)
-        for version in PromptVersion.objects.filter(trajectories__workspace=seeded).select_related("prompt")
+        for version in PromptVersion.objects.filter(trajectories__workspace=demo_workspace).select_related("prompt")
     }
 
     assert linked == {
@@ -149,9 +138,9 @@ def test_trajectories_link_to_the_demo_prompt_versions(seeded):
     }
 
 
-def test_reviewers_left_scores_of_every_kind(seeded):
+def test_reviewers_left_scores_of_every_kind(demo_workspace):
     # The evals demo's online rule adds evaluator scores afterwards; these are the reviewers'.
-    scores = Score.objects.filter(workspace=seeded).exclude(source="evaluator").select_related("created_by")
+    scores = Score.objects.filter(workspace=demo_workspace).exclude(source="evaluator").select_related("created_by")
 
     assert {score.data_type for score in scores} == {"numeric", "boolean", "categorical", "correction"}
     assert {score.source for score in scores} == {"human"}

@@ -20,20 +20,14 @@ from trainer_bridge.models import Curation, Export, ExportFormat, JobStatus, Tra
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def seeded(tmp_path: Path, settings: Any) -> Workspace:
-    settings.MEDIA_ROOT = tmp_path / "media"
-    return registry_demo.demo_seed()
-
-
 def _preview(workspace: Workspace, name: str) -> dict[str, Any]:
     curation = Curation.objects.get(workspace=workspace, name=name)
     return services.curation_preview(workspace=workspace, snapshot=services.curation_snapshot(curation)).as_dict()
 
 
-def test_the_eval_curation_has_groups_with_contrasting_rewards(seeded: Workspace) -> None:
-    eval_groups = _preview(seeded, demo.EVAL_CURATION)
-    production = _preview(seeded, demo.PRODUCTION_CURATION)
+def test_the_eval_curation_has_groups_with_contrasting_rewards(demo_workspace: Workspace) -> None:
+    eval_groups = _preview(demo_workspace, demo.EVAL_CURATION)
+    production = _preview(demo_workspace, demo.PRODUCTION_CURATION)
 
     assert eval_groups["groups"] >= 4
     assert eval_groups["pairable_groups"] == eval_groups["groups"]
@@ -41,8 +35,8 @@ def test_the_eval_curation_has_groups_with_contrasting_rewards(seeded: Workspace
     # Keyed by dataset, version and position: the same split in every database (demo.SPLIT_SEED).
     assert eval_groups["splits"] == {"train": 6, "validation": 2}
     assert production["groups"] >= 2
-    curation = Curation.objects.get(workspace=seeded, name=demo.EVAL_CURATION)
-    nightly = Suite.objects.get(workspace=seeded, name=demo.SUITE)
+    curation = Curation.objects.get(workspace=demo_workspace, name=demo.EVAL_CURATION)
+    nightly = Suite.objects.get(workspace=demo_workspace, name=demo.SUITE)
     # The nightly suite's two runs and the single-call tier's rollouts; the nightly suite has no new run.
     assert Run.objects.filter(suite=nightly).count() == 2
     assert set(curation.query["runs"]) == set(
@@ -50,8 +44,8 @@ def test_the_eval_curation_has_groups_with_contrasting_rewards(seeded: Workspace
     )
 
 
-def test_every_format_the_groups_fit_is_exported_with_its_checksum(seeded: Workspace) -> None:
-    exports = Export.objects.filter(workspace=seeded).order_by("pk")
+def test_every_format_the_groups_fit_is_exported_with_its_checksum(demo_workspace: Workspace) -> None:
+    exports = Export.objects.filter(workspace=demo_workspace).order_by("pk")
 
     assert sorted(export.format for export in exports) == sorted(ExportFormat.values)
     for export in exports:
@@ -62,8 +56,8 @@ def test_every_format_the_groups_fit_is_exported_with_its_checksum(seeded: Works
         assert export.manifest["curation"]["name"] == demo.EVAL_CURATION
 
 
-def test_the_grpo_job_trained_and_its_model_is_compared_with_the_incumbent(seeded: Workspace) -> None:
-    trained = TrainingJob.objects.get(workspace=seeded, status=JobStatus.SUCCEEDED)
+def test_the_grpo_job_trained_and_its_model_is_compared_with_the_incumbent(demo_workspace: Workspace) -> None:
+    trained = TrainingJob.objects.get(workspace=demo_workspace, status=JobStatus.SUCCEEDED)
 
     assert (trained.method, trained.export.format) == ("grpo", ExportFormat.ART)
     assert trained.steps_done == demo.TRAINING_STEPS
@@ -86,11 +80,11 @@ def test_the_grpo_job_trained_and_its_model_is_compared_with_the_incumbent(seede
     assert incumbent is not None
     assert comparison.baseline_id == incumbent.pk
     # And one waits for a GPU worker.
-    waiting = TrainingJob.objects.get(workspace=seeded, status=JobStatus.QUEUED)
+    waiting = TrainingJob.objects.get(workspace=demo_workspace, status=JobStatus.QUEUED)
     assert (waiting.method, waiting.export.format, waiting.attempts) == ("sft", ExportFormat.TRL_SFT, 0)
 
 
-def test_seeding_again_adds_nothing(seeded: Workspace) -> None:
+def test_seeding_again_adds_nothing(demo_workspace: Workspace) -> None:
     def counts() -> tuple[int, ...]:
         return (
             Curation.objects.count(),
