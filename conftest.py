@@ -7,9 +7,13 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
+from pytest_django import DjangoDbBlocker
+
+if TYPE_CHECKING:
+    from agent_registry.models import Workspace
 
 # Playwright's sync API runs an event loop in the test thread; Django's ORM must still be callable.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
@@ -46,8 +50,8 @@ def config_listener(settings):
 
 @pytest.fixture(scope="module")
 def demo_workspace(
-    django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Any]:
+    django_db_setup: None, django_db_blocker: DjangoDbBlocker, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Workspace]:
     """The demo workspace as `make run` seeds it, seeded once per test module (a seed takes 15-35 s) in a
     transaction that is rolled back when the module's last test ends. Each test of the module runs in a
     savepoint of it (pytest-django's `django_db`), as Django's TestCase runs after setUpTestData, so what
