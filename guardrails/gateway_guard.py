@@ -17,8 +17,9 @@ from guardrails import budgets, services
 from guardrails.checks import canary_token
 from guardrails.interface import Action, Layer
 from guardrails.spotlight import SPOTLIGHT_NOTE, spotlight
-from routing import hooks, providers
+from routing import hooks
 from routing.models import ModelTarget
+from tracing import selectors as tracing_selectors
 
 _STOPPING_OUTPUT = {Action.BLOCK, Action.REDACT, Action.REQUIRE_APPROVAL}
 
@@ -70,7 +71,7 @@ class GatewayGuard(hooks.Guard):
             model=target.model,
             messages=messages,
             max_tokens=max_tokens,
-            prices=providers.workspace_prices(target.workspace_id),
+            prices=tracing_selectors.model_price_overrides_kept(workspace_id=target.workspace_id),
         )
         return budgets.budget_reserve(
             workspace_id=payer.workspace_id,

@@ -203,17 +203,11 @@ def _usage(response: Any) -> tuple[int | None, int | None]:
     return getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
 
 
-def workspace_prices(workspace_id: int) -> dict[str, pricing.ModelPrice]:
-    """A workspace's own model prices (tracing's ModelPriceOverride), as the gateway prices every call: kept
-    per process until one changes (config/config_cache.py). Shared: read them, do not change them."""
-    return tracing_selectors.model_price_overrides_kept(workspace_id=workspace_id)
-
-
 def cost_of(
     target: ModelTarget, model: str | None, input_tokens: int | None, output_tokens: int | None
 ) -> Decimal | None:
     """USD for one call to the target: the workspace's price for the model if it set one, else litellm's."""
-    prices = workspace_prices(target.workspace_id)
+    prices = tracing_selectors.model_price_overrides_kept(workspace_id=target.workspace_id)
     for name in (target.model, model):
         if name:
             cost = pricing.generation_cost(name, input_tokens, output_tokens, None, prices)
