@@ -342,7 +342,14 @@ def _explain(call: Callable[[], object]) -> list[tuple[str, str]]:
     with transaction.atomic(), connection.cursor() as cursor:
         for sql, params in captured.statements:
             statement = sql.lstrip().upper()
-            if statement.startswith(("SAVEPOINT", "RELEASE", "ROLLBACK")):
+            if statement.startswith(
+                ("SAVEPOINT", "RELEASE", "ROLLBACK", "PREPARE", "SELECT 1 FROM PG_PREPARED_STATEMENTS")
+            ):
+                continue
+            if statement.startswith("EXECUTE"):  # a prepared statement: its plan as it runs (generic or not)
+                params = [_vector_text(value) if isinstance(value, tuple) else value for value in params]
+                cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
+                plans.append((sql, "\n".join(row[0] for row in cursor.fetchall())))
                 continue
             if statement.startswith("SELECT") and "SET_CONFIG" not in statement:
                 # This cursor writes parameters into the SQL: a vector the search sent in binary goes as text.
@@ -356,7 +363,7 @@ def _explain(call: Callable[[], object]) -> list[tuple[str, str]]:
 
 def _plans_report(report: Report, what: str, plans: Sequence[tuple[str, str]], index: str) -> None:
     for sql, plan in plans:
-        if "<=>" in sql:
+        if "<=>" in sql or "::vector" in sql:
             report.line(f"{what}, the vector search: {_plan_summary(plan, index)}.")
         else:
             report.line(f"{what}, `{' '.join(sql.split())[:60]}…`:")

@@ -288,11 +288,11 @@ def test_a_key_never_finds_another_workspace_agent_of_the_same_slug(gateway, oth
         selectors.gateway_agent_context(api_key=their_key, slug="no-such-agent")
 
 
-def test_a_statement_prepared_before_a_rollback_still_serves(gateway, clock, monkeypatch):
+def test_a_statement_prepared_before_a_rollback_still_serves(gateway, clock):
     # PREPARE is not undone by a rollback: the session keeps the statement, and the process knows it.
     with connection.cursor() as cursor:
         cursor.execute("DEALLOCATE ALL")
-    monkeypatch.setattr(selectors, "_prepared_sessions", weakref.WeakSet())
+    selectors._prepared_sessions.pop(connection.connection, None)  # the process knows what the session lost
 
     def prepared_then_rolled_back() -> None:
         with transaction.atomic():
@@ -307,7 +307,7 @@ def test_a_statement_prepared_before_a_rollback_still_serves(gateway, clock, mon
 
 def test_a_session_that_has_the_statement_already_is_not_asked_to_prepare_it_again(gateway, clock, monkeypatch):
     _context(gateway)
-    monkeypatch.setattr(selectors, "_prepared_sessions", weakref.WeakSet())  # as if the process had forgotten
+    monkeypatch.setattr(selectors, "_prepared_sessions", weakref.WeakKeyDictionary())  # as if the process had forgotten
 
     with CaptureQueriesContext(connection) as queries:
         assert _context(gateway).agent == gateway.agent

@@ -1,8 +1,10 @@
 """selectors.routing_neighbours: the agent's past requests nearest to a new one, with known outcomes, read
-in one pipeline (one round trip) with pgvector's iterative scan in force for that statement only."""
+by a statement prepared once per database session (one round trip per search), with pgvector's iterative
+scan on in every session."""
 
 from __future__ import annotations
 
+import weakref
 from decimal import Decimal
 
 import psycopg
@@ -42,21 +44,42 @@ def test_the_nearest_decisions_with_known_outcomes_of_this_agent_only(workspace,
     _decision(agent, "I was charged twice for my journey", cache_hit=True)  # answered by the cache
     _decision(theirs, "I was charged twice for my trip")  # another workspace's agent
 
+    vector = embedding.embed_offline("I was charged twice for my trip")
+    selectors.routing_neighbours(agent=agent, embedding=vector, limit=5)  # prepares the statement, if need be
     with CaptureQueriesContext(connection) as queries:
-        neighbours = selectors.routing_neighbours(
-            agent=agent, embedding=embedding.embed_offline("I was charged twice for my trip"), limit=5
-        )
+        neighbours = selectors.routing_neighbours(agent=agent, embedding=vector, limit=5)
 
-    set_local, search = (query["sql"] for query in queries.captured_queries)  # sent together, in one pipeline
-    assert set_local == "SET LOCAL hnsw.iterative_scan = relaxed_order"
-    assert search.startswith("SELECT")
+    (search,) = (query["sql"] for query in queries.captured_queries)
+    assert search == f"EXECUTE keel_routing_neighbours_5 (<vector(256)>, {agent.pk})"
     assert [(n.tier, n.quality, n.cost_usd, n.latency_ms) for n in neighbours] == [
         ("chain", 0.8, 0.01, 1200.0),
         ("single_call", 0.9, 0.002, 1200.0),
     ]
     assert neighbours[0].similarity == pytest.approx(1.0)
     assert neighbours[0].similarity > neighbours[1].similarity
-    assert _iterative_scan() == "relaxed_order"  # in force within the test's transaction
+
+
+@pytest.mark.django_db
+def test_execute_wrappers_see_the_search_with_its_parameters(workspace):
+    agent = AgentFactory.create(workspace=workspace)
+    _decision(agent, "Where is my receipt?")
+    vector = embedding.embed_offline("Where is my receipt?")
+    seen = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        neighbours = selectors.routing_neighbours(agent=agent, embedding=vector, limit=3)
+
+    assert len(neighbours) == 1
+    sql, params = seen[-1]
+    assert sql == "EXECUTE keel_routing_neighbours_3 (%s::vector, %s)"
+    assert params == [tuple(vector), agent.pk]
+    with connection.cursor() as cursor:  # what the wrapper saw runs as it is (the benchmark EXPLAINs it)
+        cursor.execute(sql, ["[" + ",".join(map(str, params[0])) + "]", params[1]])
+        assert len(cursor.fetchall()) == 1
 
 
 @pytest.mark.django_db
@@ -73,20 +96,53 @@ def test_at_most_limit_neighbours(workspace):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_iterative_scan_ends_with_the_statement_outside_a_transaction(workspace):
+def test_every_session_scans_iteratively_and_prepares_the_search_once(workspace):
     agent = AgentFactory.create(workspace=workspace)
     _decision(agent, "Where is my receipt?")
+    vector = embedding.embed_offline("Where is my receipt?")
+    connection.close()  # a new session
 
-    neighbours = selectors.routing_neighbours(
-        agent=agent, embedding=embedding.embed_offline("Where is my receipt?"), limit=5
-    )
+    assert _iterative_scan() == "relaxed_order"  # from the session's start (config/settings/components)
+    with CaptureQueriesContext(connection) as first:
+        selectors.routing_neighbours(agent=agent, embedding=vector, limit=4)
+    with CaptureQueriesContext(connection) as second:
+        assert len(selectors.routing_neighbours(agent=agent, embedding=vector, limit=4)) == 1
 
-    assert len(neighbours) == 1
-    assert _iterative_scan() in ("off", "None")  # pgvector's default (None: its library is not loaded)
+    assert [query["sql"].split(" ")[0] for query in first.captured_queries] == ["SELECT", "PREPARE", "EXECUTE"]
+    assert [query["sql"].split(" ")[0] for query in second.captured_queries] == ["EXECUTE"]
 
 
 @pytest.mark.django_db
-def test_an_error_in_the_pipeline_is_djangos(workspace):
+def test_a_session_that_has_the_search_already_is_not_asked_to_prepare_it_again(workspace, monkeypatch):
+    agent = AgentFactory.create(workspace=workspace)
+    _decision(agent, "Where is my receipt?")
+    vector = embedding.embed_offline("Where is my receipt?")
+    selectors.routing_neighbours(agent=agent, embedding=vector, limit=6)
+    monkeypatch.setattr(selectors, "_prepared_sessions", weakref.WeakKeyDictionary())  # the process forgot
+
+    with CaptureQueriesContext(connection) as queries:
+        assert len(selectors.routing_neighbours(agent=agent, embedding=vector, limit=6)) == 1
+
+    assert [query["sql"].split(" ")[0] for query in queries.captured_queries] == ["SELECT", "EXECUTE"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_session_that_lost_the_statement_prepares_it_again(workspace):
+    agent = AgentFactory.create(workspace=workspace)
+    _decision(agent, "Where is my receipt?")
+    vector = embedding.embed_offline("Where is my receipt?")
+    selectors.routing_neighbours(agent=agent, embedding=vector, limit=7)
+    with connection.cursor() as cursor:
+        cursor.execute("DEALLOCATE keel_routing_neighbours_7")
+
+    with CaptureQueriesContext(connection) as queries:
+        assert len(selectors.routing_neighbours(agent=agent, embedding=vector, limit=7)) == 1
+
+    assert [query["sql"].split(" ")[0] for query in queries.captured_queries] == ["SELECT", "PREPARE", "EXECUTE"]
+
+
+@pytest.mark.django_db
+def test_an_error_in_the_search_is_djangos(workspace):
     agent = AgentFactory.create(workspace=workspace)
     _decision(agent, "Where is my receipt?")
 
