@@ -298,7 +298,7 @@ def production_prompt_version(*, agent: Agent) -> PromptVersion | None:
 # with 0.5 ms of Python before it (as the gateway has): p50 2.2 ms for the ORM-compiled statement sent in
 # a pipeline with SET LOCAL, 1.7 ms for it prepared through a psycopg cursor, 1.1-1.2 ms this way.
 # pgvector's iterative scan, which a filtered HNSW search needs to find `limit` rows, is on for every
-# session of Keel's (config/settings/components/database.py), so no SET goes with it.
+# session of Keel's (routing/apps.py), so no SET goes with it.
 
 _NEAREST_STATEMENT: Final = "keel_routing_neighbours_{limit}"
 _NEAREST_AGENT_PLACEHOLDER: Final = -7_000_004

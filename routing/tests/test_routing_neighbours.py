@@ -102,7 +102,7 @@ def test_every_session_scans_iteratively_and_prepares_the_search_once(workspace)
     vector = embedding.embed_offline("Where is my receipt?")
     connection.close()  # a new session
 
-    assert _iterative_scan() == "relaxed_order"  # from the session's start (config/settings/components)
+    assert _iterative_scan() == "relaxed_order"  # from the session's start (routing/apps.py)
     with CaptureQueriesContext(connection) as first:
         selectors.routing_neighbours(agent=agent, embedding=vector, limit=4)
     with CaptureQueriesContext(connection) as second:

@@ -35,12 +35,6 @@ else:
     DATABASE_DEFAULT = dict(dj_database_url.parse(DATABASE_URL))
     DATABASE_DEFAULT["ENGINE"] = "django.db.backends.postgresql"
 
-# pgvector's HNSW scans with a filter go on walking the graph until enough rows pass it (iterative
-# scan, rows in roughly nearest-first order) in every session, from its start: the learned router's
-# neighbour search (routing/selectors.py) is a prepared statement that runs alone, with no SET before it.
-# The semantic cache sets its own scan settings per search (routing/cache.py).
-_options = DATABASE_DEFAULT.setdefault("OPTIONS", {})
-_options["options"] = " ".join(filter(None, [_options.get("options", ""), "-c hnsw.iterative_scan=relaxed_order"]))
 DATABASE_DEFAULT["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60)
 DATABASE_DEFAULT["CONN_HEALTH_CHECKS"] = True
 DATABASES = {"default": DATABASE_DEFAULT}
