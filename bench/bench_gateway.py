@@ -346,12 +346,8 @@ def _explain(call: Callable[[], object]) -> list[tuple[str, str]]:
                 ("SAVEPOINT", "RELEASE", "ROLLBACK", "PREPARE", "SELECT 1 FROM PG_PREPARED_STATEMENTS")
             ):
                 continue
-            if statement.startswith("EXECUTE"):  # a prepared statement: its plan as it runs (generic or not)
-                params = [_vector_text(value) if isinstance(value, tuple) else value for value in params]
-                cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
-                plans.append((sql, "\n".join(row[0] for row in cursor.fetchall())))
-                continue
-            if statement.startswith("SELECT") and "SET_CONFIG" not in statement:
+            # A query, or a prepared one (EXECUTE: its plan as it runs, generic or not).
+            if statement.startswith("EXECUTE") or (statement.startswith("SELECT") and "SET_CONFIG" not in statement):
                 # This cursor writes parameters into the SQL: a vector the search sent in binary goes as text.
                 params = [_vector_text(value) if isinstance(value, tuple) else value for value in params]
                 cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)

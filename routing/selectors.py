@@ -120,9 +120,11 @@ def _statement_prepared(name: str, prepare: str) -> None:
     not undo it."""
     connection.ensure_connection()
     session = connection.connection
-    names = _prepared_sessions.setdefault(session, set())
-    if name in names:
+    names = _prepared_sessions.get(session)
+    if names is not None and name in names:
         return
+    if names is None:
+        names = _prepared_sessions[session] = set()
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1 FROM pg_prepared_statements WHERE name = %s", [name])
         if cursor.fetchone() is None:
