@@ -295,12 +295,14 @@ def test_a_webhook_without_a_secret_is_refused(tenant, member_client):
 
 def test_the_signals_page_charts_each_signal_per_prompt_version(tenant, member_client):
     version = tenant.prompt.versions.get(version=1)
+    # The chart buckets by the hour: all three sit in one hour, whatever minute the test runs at.
+    hour = (timezone.now() - timedelta(hours=2)).replace(minute=30, second=0, microsecond=0)
     for index in range(3):
         trajectory = TrajectoryFactory.create(
             workspace=tenant.workspace,
             agent=tenant.agent,
             signals=[signal_instance("misalignment")] if index == 0 else [],
-            started_at=timezone.now() - timedelta(hours=2, minutes=index),
+            started_at=hour + timedelta(minutes=index),
         )
         trajectory.prompt_versions.add(version)
 
