@@ -340,14 +340,16 @@ def _explain(call: Callable[[], object]) -> list[tuple[str, str]]:
         call()
     plans = []
     with transaction.atomic(), connection.cursor() as cursor:
-        for sql, params in captured.statements:
+        for sql, params in _statements_split(captured.statements):
             statement = sql.lstrip().upper()
             if statement.startswith(
                 ("SAVEPOINT", "RELEASE", "ROLLBACK", "PREPARE", "SELECT 1 FROM PG_PREPARED_STATEMENTS")
             ):
                 continue
             # A query, or a prepared one (EXECUTE: its plan as it runs, generic or not).
-            if statement.startswith("EXECUTE") or (statement.startswith("SELECT") and "SET_CONFIG" not in statement):
+            if statement.startswith(("EXECUTE", "WITH")) or (
+                statement.startswith("SELECT") and "SET_CONFIG" not in statement
+            ):
                 # This cursor writes parameters into the SQL: a vector the search sent in binary goes as text.
                 params = [_vector_text(value) if isinstance(value, tuple) else value for value in params]
                 cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
@@ -355,6 +357,17 @@ def _explain(call: Callable[[], object]) -> list[tuple[str, str]]:
             else:
                 cursor.execute(sql, params)
     return plans
+
+
+def _statements_split(statements: Sequence[tuple[str, Any]]) -> Iterator[tuple[str, list[Any]]]:
+    """Each statement alone, with its own parameters: a query string of several statements (the cache's
+    HNSW settings and its search go as one) is cut at its semicolons, none of which is inside a literal."""
+    for sql, params in statements:
+        remaining = list(params or [])
+        for part in sql.split("; "):
+            taken = part.count("%s")
+            yield part, remaining[:taken]
+            remaining = remaining[taken:]
 
 
 def _plans_report(report: Report, what: str, plans: Sequence[tuple[str, str]], index: str) -> None:
@@ -1289,6 +1302,7 @@ def _cache_load(fixtures: Fixtures, sizes: Sequence[int]) -> tuple[list[Scope], 
                     None,
                     scope.system_hash,
                     text,
+                    cache.request_hash(text),
                     _vector_text(vector),
                     json.dumps({"message": {"role": "assistant", "content": "Cached answer."}}),
                     "0" * 32,
@@ -1304,6 +1318,7 @@ def _cache_load(fixtures: Fixtures, sizes: Sequence[int]) -> tuple[list[Scope], 
         "prompt_version_id",
         "system_hash",
         "request_text",
+        "request_hash",
         "embedding",
         "response",
         "trace_id",
@@ -1353,9 +1368,10 @@ def _cache(report: Report, fixtures: Fixtures, size: Size) -> None:
             # A booking reference of its own keeps a generated request from repeating a stored one word
             # for word (the templates are few).
             kind, text = "newly generated request", f"{texts.any()} (booking ref B{pick.randint(10**5, 10**6)})"
-        planned.append((scope, kind, embedder.embed_offline(text)))
+        planned.append((scope, kind, text, embedder.embed_offline(text)))
 
-    def lookup(scope: Scope, vector: list[float]) -> tuple[Any, float] | None:
+    def lookup(scope: Scope, text: str, vector: list[float]) -> tuple[Any, float] | None:
+        # As the gateway looks up: with the request's text, which finds an exact repeat by its hash first.
         return cache.cache_lookup(
             agent=scope.agent,
             model_target=scope.target,
@@ -1363,15 +1379,16 @@ def _cache(report: Report, fixtures: Fixtures, size: Size) -> None:
             system_prompt_hash=scope.system_hash,
             embedding=vector,
             threshold=CACHE_THRESHOLD,
+            request_text=text,
         )
 
-    for scope, _, vector in planned[:50]:
-        lookup(scope, vector)
+    for scope, _, text, vector in planned[:50]:
+        lookup(scope, text, vector)
     _progress(f"cache: {size.cache_lookups} look-ups")
     results: list[tuple[Scope, str, float, bool, float | None]] = []
-    for scope, kind, vector in planned[50:]:
+    for scope, kind, text, vector in planned[50:]:
         started = time.perf_counter()
-        found = lookup(scope, vector)
+        found = lookup(scope, text, vector)
         elapsed = (time.perf_counter() - started) * 1000
         results.append((scope, kind, elapsed, found is not None, found[1] if found else None))
 
@@ -1382,9 +1399,11 @@ def _cache(report: Report, fixtures: Fixtures, size: Size) -> None:
         f"NULL), embeddings from the offline embedder on generated requests "
         f"({timings['embed_seconds']:.1f} s of embedding); the HNSW index built after the load in "
         f"{timings['index_seconds']:.1f} s, then VACUUM ANALYZE. {size.cache_lookups} `cache.cache_lookup` "
-        f"calls in process (threshold {CACHE_THRESHOLD}, after 50 untimed), each on a scope drawn by size "
-        "class, 40 % repeats of a stored request, 20 % a stored request with one word dropped, 40 % new "
-        f"requests. Scopes of up to {limit if limit is not None else '?'} entries are searched exactly, "
+        f"calls in process (threshold {CACHE_THRESHOLD}, after 50 untimed), each with the request's text as "
+        "the gateway passes it (a stored text is found by its hash before any search) and on a scope drawn by "
+        "size class: 40 % a stored request in other case and punctuation, 20 % a stored request with one word "
+        "dropped, 40 % new requests, so none is a repeat word for word and every look-up searches. Scopes of "
+        f"up to {limit if limit is not None else '?'} entries are searched exactly, "
         "larger ones through the HNSW index (`cache.EXACT_SCAN_LIMIT`)."
     )
     report.line()
@@ -1430,8 +1449,10 @@ def _cache(report: Report, fixtures: Fixtures, size: Size) -> None:
     largest = max(scopes, key=lambda scope: scope.size)
     smallest = min(scopes, key=lambda scope: scope.size)
     for scope in (largest, smallest):
-        vector = embedder.embed_offline(scope.texts[0])
-        plans = _explain(lambda scope=scope, vector=vector: lookup(scope, vector))  # type: ignore[misc]
+        # A request not stored word for word: the search runs (an exact repeat would end at the hash).
+        text = scope.texts[0].upper()
+        vector = embedder.embed_offline(text)
+        plans = _explain(lambda scope=scope, text=text, vector=vector: lookup(scope, text, vector))  # type: ignore[misc]
         _plans_report(report, f"Look-up in the scope of {scope.size:,}", plans, "cacheentry_embedding")
 
 

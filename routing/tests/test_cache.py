@@ -16,9 +16,8 @@ from django.db import connection
 from django.utils import timezone
 from litellm.llms.custom_llm import CustomLLM
 from litellm.types.utils import EmbeddingResponse
-from pgvector.django import CosineDistance
 
-from agent_registry.tests.factories import AgentFactory, UserFactory, prompt_with_versions
+from agent_registry.tests.factories import AgentFactory, UserFactory, WorkspaceFactory, prompt_with_versions
 from config import crypto
 from routing import cache
 from routing.embedding import embed_offline, project
@@ -271,25 +270,27 @@ def counted_scopes() -> Iterator[list[str]]:
         yield counts
 
 
+@contextlib.contextmanager
+def searches_sent() -> Iterator[list[str]]:
+    """The plan of each look-up statement sent inside the block: "approximate" (the HNSW settings come with
+    it) or "exact"."""
+    plans: list[str] = []
+
+    def search_seen(execute, sql, params, many, context):
+        if "embedding <=>" in sql:
+            plans.append("approximate" if "set_config('enable_sort'" in sql else "exact")
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(search_seen):
+        yield plans
+
+
 def test_cache_lookup_keeps_a_scopes_count_and_picks_the_plan_by_it(agent, target, monkeypatch):
     monkeypatch.setattr(cache, "EXACT_SCAN_LIMIT", 2)
     for text in (REQUEST, PARAPHRASE, UNRELATED):
         store(agent, target, text)
-    plans: list[str] = []
 
-    def recorded(plan: str) -> Callable[..., Any]:
-        search = getattr(cache, plan)
-
-        def run(**kwargs: Any) -> Any:
-            plans.append(plan)
-            return search(**kwargs)
-
-        return run
-
-    for plan in ("_nearest_exact", "_nearest_approximate"):
-        monkeypatch.setattr(cache, plan, recorded(plan))
-
-    with counted_scopes() as counts:
+    with counted_scopes() as counts, searches_sent() as plans:
         first = lookup(agent, target)
         CacheEntry.objects.filter(agent=agent).exclude(request_text=REQUEST).delete()
         second = lookup(agent, target)
@@ -297,7 +298,19 @@ def test_cache_lookup_keeps_a_scopes_count_and_picks_the_plan_by_it(agent, targe
     assert first is not None
     assert second is not None
     assert len(counts) == 1  # the second look-up took the first one's count
-    assert plans == ["_nearest_approximate", "_nearest_approximate"]
+    assert plans == ["approximate", "approximate"]
+
+
+def test_cache_lookup_searches_a_small_scope_exactly(agent, target):
+    for text in (REQUEST, PARAPHRASE, UNRELATED):
+        store(agent, target, text)
+
+    with searches_sent() as plans:
+        found = lookup(agent, target, PARAPHRASE.upper())
+
+    assert found is not None
+    assert found[0].request_text == PARAPHRASE
+    assert plans == ["exact"]
 
 
 def test_cache_lookup_counts_an_empty_scope_again(agent, target):
@@ -351,23 +364,46 @@ def test_cache_lookup_puts_the_planner_settings_back(agent, target, monkeypatch)
         assert cursor.fetchone() == ("on", "40", "off")
 
 
-def test_the_large_scope_search_walks_the_hnsw_index(agent, target):
+@pytest.mark.parametrize("repeat", [False, True])
+def test_the_large_scope_search_walks_the_hnsw_index(agent, target, repeat):
     # The plan the latency target relies on; left to itself, the planner sorts a table this small.
     store(agent, target)
-    scope = cache._scope_entries(
-        agent=agent, model_target=target, prompt_version=None, system_prompt_hash=HASH, now=timezone.now()
-    )
+    statement = cache._lookup_statement(approximate=True, repeat=repeat, prompt_version=False)
+    scope = [agent.workspace_id, agent.pk, target.pk, HASH, timezone.now()]
+    vector = cache._vector_literal(embed_offline(REQUEST))
+    params = [*scope, cache.request_hash(REQUEST), REQUEST] if repeat else []
     with connection.cursor() as cursor:
         cursor.execute(cache._HNSW_SETTINGS_SQL, [str(cache.HNSW_EF_SEARCH), str(cache.HNSW_MAX_SCAN_TUPLES)])
-
-    plan = (
-        scope.annotate(distance=CosineDistance("embedding", embed_offline(REQUEST)))
-        .order_by("distance")
-        .values_list("pk", "distance")[: cache.HNSW_CANDIDATES]
-        .explain()
-    )
+        cursor.execute(f"EXPLAIN {statement}", [*params, vector, *scope])
+        plan = "\n".join(row[0] for row in cursor.fetchall())
 
     assert "Index Scan using cacheentry_embedding on routing_cacheentry" in plan
+    if repeat:
+        assert "One-Time Filter: (NOT (InitPlan" in plan  # the search runs only without a repeat
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_large_scope_look_up_outside_a_transaction_leaves_the_session_as_it_was(monkeypatch):
+    # Outside a transaction the settings and the search go as one query string, one implicit transaction.
+    workspace = WorkspaceFactory.create()
+    agent = AgentFactory.create(workspace=workspace)
+    target = ModelTargetFactory.create(workspace=workspace)
+    monkeypatch.setattr(cache, "EXACT_SCAN_LIMIT", 0)
+    store(agent, target)
+    store(agent, target, UNRELATED)
+
+    with searches_sent() as plans:
+        found = lookup(agent, target, REQUEST.lower())
+        repeat = lookup(agent, target, UNRELATED, request_text=UNRELATED)
+
+    assert plans == ["approximate", "approximate"]
+    assert found is not None
+    assert found[0].request_text == REQUEST
+    assert repeat is not None
+    assert repeat == (CacheEntry.objects.get(request_text=UNRELATED), 1.0)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('enable_sort'), current_setting('hnsw.ef_search')")
+        assert cursor.fetchone() == ("on", "40")
 
 
 # --- Eligibility --------------------------------------------------------------------------------------
