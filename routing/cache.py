@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypedDict
@@ -200,25 +200,6 @@ def _vector_check(vector: Sequence[float]) -> None:
 # --- Look-up -------------------------------------------------------------------------------------------
 
 
-def _scope_entries(
-    *,
-    agent: Agent,
-    model_target: ModelTarget,
-    prompt_version: PromptVersion | None,
-    system_prompt_hash: str,
-    now: datetime,
-) -> QuerySet[CacheEntry]:
-    # `prompt_version=None` compiles to IS NULL, so an agent without prompt versions has its own scope.
-    return CacheEntry.objects.filter(
-        workspace_id=agent.workspace_id,
-        agent=agent,
-        model_target=model_target,
-        prompt_version=prompt_version,
-        system_hash=system_prompt_hash,
-        expires_at__gt=now,
-    )
-
-
 def cache_lookup(
     *,
     agent: Agent,
@@ -247,24 +228,15 @@ def cache_lookup(
     now = now or timezone.now()
     version_id = prompt_version.pk if prompt_version is not None else None
     key = (agent.workspace_id, agent.pk, model_target.pk, version_id, system_prompt_hash)
-    size = _scope_size(
-        key,
-        lambda: _scope_entries(
-            agent=agent,
-            model_target=model_target,
-            prompt_version=prompt_version,
-            system_prompt_hash=system_prompt_hash,
-            now=now,
-        ),
-    )
+    version = [] if version_id is None else [version_id]
+    scope_params: list[Any] = [agent.workspace_id, agent.pk, model_target.pk, *version, system_prompt_hash, now]
+    size = _scope_size(key, _scope_where(prompt_version=version_id is not None), scope_params)
     if size == 0:
         return None
     approximate = size > EXACT_SCAN_LIMIT
     statement = _lookup_statement(
         approximate=approximate, repeat=request_text is not None, prompt_version=version_id is not None
     )
-    version = [] if version_id is None else [version_id]
-    scope_params: list[Any] = [agent.workspace_id, agent.pk, model_target.pk, *version, system_prompt_hash, now]
     params: list[Any] = []
     if request_text is not None:
         params += [*scope_params, request_hash(request_text), request_text]
@@ -286,10 +258,15 @@ def cache_lookup(
 _scope_sizes: TtlCache[tuple[object, ...], int] = TtlCache(seconds=SCOPE_SIZE_SECONDS, size=SCOPE_SIZES_KEPT)
 
 
-def _scope_size(key: tuple[object, ...], scope: Callable[[], QuerySet[CacheEntry]]) -> int:
+def _scope_size(key: tuple[object, ...], where: str, params: Sequence[Any]) -> int:
     size = _scope_sizes.get(key)
     if size is None:
-        size = scope().values("pk")[: EXACT_SCAN_LIMIT + 1].count()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT COUNT(*) FROM (SELECT 1 FROM routing_cacheentry WHERE {where} LIMIT %s) AS scope",
+                [*params, EXACT_SCAN_LIMIT + 1],
+            )
+            (size,) = cursor.fetchone()
         if size:
             _scope_sizes.put(key, size)
     return size
@@ -309,6 +286,14 @@ _SCOPE_WHERE = (
     "workspace_id = %s AND agent_id = %s AND model_target_id = %s AND prompt_version_id {version}"
     " AND system_hash = %s AND expires_at > %s"
 )
+
+
+def _scope_where(*, prompt_version: bool) -> str:
+    """The scope's live entries. Its parameters: the workspace, agent, model target, prompt version (only
+    when `prompt_version`: without one the scope is the agent's entries with none), system hash and now."""
+    return _SCOPE_WHERE.format(version="= %s" if prompt_version else "IS NULL")
+
+
 # A small scope is searched exactly: the distance plus zero is not the indexed expression, so the planner
 # compares every vector of the scope (found through the scope index) instead of walking the HNSW index. A
 # large one walks the index and takes several nearest rows (see `HNSW_CANDIDATES`). Either search carries
@@ -344,10 +329,9 @@ def _entry_fields() -> list[Any]:
 
 
 def _lookup_statement(*, approximate: bool, repeat: bool, prompt_version: bool) -> str:
-    """The look-up's SQL. Its parameters, in order: with `repeat` the scope's, the request's hash and its
-    text; then the vector and the scope's. The scope's are the workspace, agent, model target, prompt
-    version (only when `prompt_version`), system hash and the time of the look-up."""
-    where = _SCOPE_WHERE.format(version="= %s" if prompt_version else "IS NULL")
+    """The look-up's SQL. Its parameters, in order: with `repeat` the scope's (see `_scope_where`), the
+    request's hash and its text; then the vector and the scope's."""
+    where = _scope_where(prompt_version=prompt_version)
     search = (_APPROXIMATE_SEARCH if approximate else _EXACT_SEARCH).format(
         where=where + (" AND NOT EXISTS (SELECT FROM repeat)" if repeat else "")
     )
