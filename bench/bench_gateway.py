@@ -19,6 +19,10 @@ them (gunicorn 2 × 4 threads, a Celery worker of concurrency 2, DEBUG off).
    own receive and answer times (CLOCK_MONOTONIC, shared by all processes), so each request's time
    splits into the provider's share and everything else ("outside the provider").
    Overhead = gateway − direct, per percentile.
+   **The floor** under those figures, in the same blocks: a request the gateway refuses at once (an
+   unknown model, 404: key auth and body parsing, no model call, no agent) over the same kind of
+   connection, each after the stub's latency of idle, as every gateway request has after its model call;
+   and in phase 3, a `SELECT 1` back to back and after the same idle.
 2. **Throughput**: 50 client threads, each with its own keep-alive connection, for a fixed time after a
    warm-up, through the gateway (adaptive agent) and directly through litellm (50 threads in this
    process); requests/s, errors by status, latency p50/p99.
@@ -97,10 +101,13 @@ KIND_LABELS = {
     "single_level": "gateway, agent/<slug>, single-level routing",
     "alias": "gateway, model alias (proxy)",
 }
+# Not a kind of answered request: the gateway's floor (see the docstring), run in the same blocks.
+REFUSED = "refused"
+REFUSED_LABEL = "gateway, unknown model (404 before any work), after the stub's latency of idle"
 FULL = Size(
     database="keel_bench_gateway",
     blocks=10,
-    per_block={"direct": 200, "adaptive": 200, "single_level": 50, "alias": 50},
+    per_block={"direct": 200, "adaptive": 200, "single_level": 50, "alias": 50, REFUSED: 50},
     warmup=100,
     throughput_seconds=20.0,
     throughput_warmup_seconds=3.0,
@@ -115,7 +122,7 @@ FULL = Size(
 QUICK = Size(
     database="keel_bench_gateway_quick",
     blocks=2,
-    per_block={"direct": 20, "adaptive": 20, "single_level": 10, "alias": 10},
+    per_block={"direct": 20, "adaptive": 20, "single_level": 10, "alias": 10, REFUSED: 10},
     warmup=5,
     throughput_seconds=1.0,
     throughput_warmup_seconds=0.5,
@@ -609,11 +616,12 @@ def _gateway_caller(fixtures: Fixtures, port: int, kind: str) -> tuple[Call, Cal
         "adaptive": f"agent/{fixtures.adaptive.slug}",
         "single_level": f"agent/{fixtures.single_level.slug}",
         "alias": fixtures.target.alias,
+        REFUSED: "no-such-model",
     }[kind]
     system = SYSTEM_TEMPLATE.replace("{{company}}", COMPANY)
 
     def call(content: str) -> tuple[int, str | None, str | None]:
-        if kind == "alias":
+        if kind in ("alias", REFUSED):
             body: dict[str, Any] = {
                 "model": model,
                 "messages": [{"role": "system", "content": system}, {"role": "user", "content": content}],
@@ -654,6 +662,8 @@ def _sequential(kind: str, call: Call, texts: Requests, count: int, markers: Mar
     for _ in range(count):
         marker = markers.next(kind)
         content = f"{texts.simple()} [bench:{marker}]"
+        if kind == REFUSED:
+            time.sleep(STUB_LATENCY_MS / 1000)  # the idle a model call leaves in Keel's processes; untimed
         started = time.monotonic_ns()
         status, tier, trace_id = call(content)
         samples.append(Sample(kind, marker, (time.monotonic_ns() - started) / 1e6, status, tier, trace_id))
@@ -780,7 +790,7 @@ def _http_phases(fixtures: Fixtures, size: Size, web_port: int, stub_port: int, 
 
     direct = _direct_caller(fixtures)
     callers: dict[str, tuple[Call, Callable[[], None]]] = {"direct": (direct, lambda: None)}
-    for kind in KINDS[1:]:
+    for kind in (*KINDS[1:], REFUSED):
         callers[kind] = _gateway_caller(fixtures, web_port, kind)
     markers = Markers()
     texts = Requests(seed=7)
@@ -788,17 +798,17 @@ def _http_phases(fixtures: Fixtures, size: Size, web_port: int, stub_port: int, 
     # Warm-up: litellm's first call imports and builds its client; each gunicorn worker imports litellm
     # on its first gateway request, so the warm-up also runs from several connections at once.
     _progress("warm-up")
-    for kind in KINDS:
+    for kind in (*KINDS, REFUSED):
         _sequential(kind, callers[kind][0], texts, size.warmup, markers)
     _concurrent(lambda: _gateway_caller(fixtures, web_port, "adaptive"), 8, 0.0, size.throughput_warmup_seconds)
     _ingest_drained(worker, size.drain_timeout)
     _stub_timings(stub_port)
 
-    samples: dict[str, list[Sample]] = {kind: [] for kind in KINDS}
+    samples: dict[str, list[Sample]] = {kind: [] for kind in (*KINDS, REFUSED)}
     drains = []
     for block in range(size.blocks):
         _progress(f"block {block + 1}/{size.blocks}")
-        for kind in KINDS:
+        for kind in (*KINDS, REFUSED):
             taken = _sequential(kind, callers[kind][0], texts, size.per_block[kind], markers)
             if kind != "direct":
                 drains.append(_ingest_drained(worker, size.drain_timeout))
@@ -894,6 +904,21 @@ def _report_http(report: Report, figures: HttpFigures) -> None:
     report.line()
     report.table(
         ["through", "p50 ms", "p95 ms", "p99 ms", "outside p50 ms", "outside p99 ms", "target (issue 5)"], overhead_rows
+    )
+    refused = samples[REFUSED]
+    floor = [s.total_ms for s in refused if s.status == 404]
+    refusals = ", ".join(f"{status}: {count}" for status, count in sorted(Counter(s.status for s in refused).items()))
+    report.line(
+        "The floor under every gateway figure above, in the same blocks: a request the gateway refuses before any "
+        "work (unknown model: key auth and body parsing, no model call, no agent), over a keep-alive connection of "
+        f"its own, each sent after {STUB_LATENCY_MS:g} ms of idle as a model call leaves Keel's processes "
+        "(the idle is not timed). The direct call has no such hop: this is the HTTP client, the loopback hop, "
+        "gunicorn and Django before Keel's own work starts."
+    )
+    report.line()
+    report.table(
+        ["requests", "n", "p50 ms", "p95 ms", "p99 ms", "max ms", "statuses"],
+        [[REFUSED_LABEL, len(floor), *_distribution(floor), refusals]],
     )
 
     features = figures.decision_features
@@ -1007,9 +1032,10 @@ def _stages_timed() -> Iterator[StageTimer]:
 
 
 def _database_probe(count: int) -> dict[str, list[float]]:
-    """Round trips to the benchmark's PostgreSQL: a read, and a one-row committed write with the server's
-    settings (`synchronous_commit = on`: the commit waits for the WAL to reach the disk) and without that
-    wait, in a scratch table that is dropped afterwards."""
+    """Round trips to the benchmark's PostgreSQL: a read (back to back, and after a model call's length of
+    idle), and a one-row committed write with the server's settings (`synchronous_commit = on`: the commit
+    waits for the WAL to reach the disk) and without that wait, in a scratch table that is dropped
+    afterwards."""
     from django.db import connection
 
     timings: dict[str, list[float]] = defaultdict(list)
@@ -1018,12 +1044,15 @@ def _database_probe(count: int) -> dict[str, list[float]]:
         try:
             for key, statement in (
                 ("read", "SELECT 1"),
+                ("read_idle", "SELECT 1"),
                 ("commit", "INSERT INTO bench_commit_probe (payload) VALUES ('x')"),
                 ("commit_async", "INSERT INTO bench_commit_probe (payload) VALUES ('x')"),
             ):
                 if key == "commit_async":
                     cursor.execute("SET synchronous_commit = off")
                 for _ in range(count):
+                    if key == "read_idle":
+                        time.sleep(STUB_LATENCY_MS / 1000)  # the idle of a model call; not timed
                     started = time.perf_counter()
                     cursor.execute(statement)
                     timings[key].append((time.perf_counter() - started) * 1000)
@@ -1107,7 +1136,10 @@ def _inprocess(report: Report, fixtures: Fixtures, count: int) -> None:
     probe = _database_probe(max(50, count))
     report.line(
         "The database from this process, same socket, autocommit: `SELECT 1` p50 "
-        f"{_ms(probe['read'], 0.5)} ms, p99 {_ms(probe['read'], 0.99)} ms; a one-row INSERT and its commit p50 "
+        f"{_ms(probe['read'], 0.5)} ms, p99 {_ms(probe['read'], 0.99)} ms back to back, and p50 "
+        f"{_ms(probe['read_idle'], 0.5)} ms, p99 {_ms(probe['read_idle'], 0.99)} ms each after "
+        f"{STUB_LATENCY_MS:g} ms of idle (as the neighbour search runs: a model call after the request's last "
+        "statement); a one-row INSERT and its commit p50 "
         f"{_ms(probe['commit'], 0.5)} ms, p99 {_ms(probe['commit'], 0.99)} ms (the server's "
         "`synchronous_commit = on`: the commit waits for the WAL to reach the disk); the same with "
         f"`synchronous_commit = off` p50 {_ms(probe['commit_async'], 0.5)} ms, "
