@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from evals import metrics
 from evals.metrics import (
     EXACT_SIGN_FLIP_ITEMS,
     ItemResult,
@@ -203,6 +204,33 @@ def test_bootstrap_interval_surrounds_the_estimate_and_widens_with_confidence():
 def test_bootstrap_of_constant_values_is_a_point():
     assert bootstrap_ci([0.25] * 10) == (0.25, 0.25)
     assert bootstrap_ci([1.0]) == (1.0, 1.0)
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 56, 301])
+def test_the_resampled_means_are_those_of_choices_and_fmean_bit_for_bit(size, monkeypatch):
+    """The mean's fast path draws its resamples with numpy from the Random's state; it must give what the
+    plain loop gives, in the same order, also where its blocks of draws end (a block of 1,000 values
+    here, so most resamples straddle two)."""
+    monkeypatch.setattr(metrics, "_RESAMPLE_CHUNK_VALUES", 1000)
+    rng = random.Random(size)
+    points = [rng.uniform(-5.0, 5.0) for _ in range(size)]
+    for seed in (0, 1, 20240810):
+        plain = random.Random(seed)
+        expected = [statistics.fmean(plain.choices(points, k=size)) for _ in range(700)]
+        assert list(metrics._resample_means(points, 700, random.Random(seed))) == expected
+
+
+@given(
+    st.lists(st.floats(min_value=-1e6, max_value=1e6), min_size=1, max_size=80),
+    st.integers(min_value=0, max_value=2**64),
+    st.integers(min_value=1, max_value=300),
+)
+def test_the_interval_of_the_mean_is_the_one_the_plain_loop_gives(values, seed, resamples):
+    def plain_mean(resample):  # another function than `mean`: bootstrap_ci takes the plain loop with it
+        return statistics.fmean(resample)
+
+    fast = bootstrap_ci(values, seed=seed, resamples=resamples)
+    assert fast == bootstrap_ci(values, stat=plain_mean, seed=seed, resamples=resamples)
 
 
 def test_bootstrap_takes_another_statistic():
