@@ -209,8 +209,8 @@ def test_bootstrap_of_constant_values_is_a_point():
 @pytest.mark.parametrize("size", [1, 2, 7, 56, 301])
 def test_the_resampled_means_are_those_of_choices_and_fmean_bit_for_bit(size, monkeypatch):
     """The mean's fast path draws its resamples with numpy from the Random's state; it must give what the
-    plain loop gives, in the same order, also where its blocks of draws end (a block of 1,000 values
-    here, so most resamples straddle two)."""
+    plain loop gives, in the same order, also from its later blocks of draws (whole resamples of at most
+    1,000 values here, so 700 resamples take up to 234 blocks, each going on with the stream)."""
     monkeypatch.setattr(metrics, "_RESAMPLE_CHUNK_VALUES", 1000)
     rng = random.Random(size)
     points = [rng.uniform(-5.0, 5.0) for _ in range(size)]
