@@ -104,6 +104,7 @@ KIND_LABELS = {
 # Not a kind of answered request: the gateway's floor (see the docstring), run in the same blocks.
 REFUSED = "refused"
 REFUSED_LABEL = "gateway, unknown model (404 before any work), after the stub's latency of idle"
+SEQUENTIAL_KINDS = (*KINDS, REFUSED)  # what the sequential blocks run, in this order
 FULL = Size(
     database="keel_bench_gateway",
     blocks=10,
@@ -790,7 +791,7 @@ def _http_phases(fixtures: Fixtures, size: Size, web_port: int, stub_port: int, 
 
     direct = _direct_caller(fixtures)
     callers: dict[str, tuple[Call, Callable[[], None]]] = {"direct": (direct, lambda: None)}
-    for kind in (*KINDS[1:], REFUSED):
+    for kind in SEQUENTIAL_KINDS[1:]:
         callers[kind] = _gateway_caller(fixtures, web_port, kind)
     markers = Markers()
     texts = Requests(seed=7)
@@ -798,17 +799,17 @@ def _http_phases(fixtures: Fixtures, size: Size, web_port: int, stub_port: int, 
     # Warm-up: litellm's first call imports and builds its client; each gunicorn worker imports litellm
     # on its first gateway request, so the warm-up also runs from several connections at once.
     _progress("warm-up")
-    for kind in (*KINDS, REFUSED):
+    for kind in SEQUENTIAL_KINDS:
         _sequential(kind, callers[kind][0], texts, size.warmup, markers)
     _concurrent(lambda: _gateway_caller(fixtures, web_port, "adaptive"), 8, 0.0, size.throughput_warmup_seconds)
     _ingest_drained(worker, size.drain_timeout)
     _stub_timings(stub_port)
 
-    samples: dict[str, list[Sample]] = {kind: [] for kind in (*KINDS, REFUSED)}
+    samples: dict[str, list[Sample]] = {kind: [] for kind in SEQUENTIAL_KINDS}
     drains = []
     for block in range(size.blocks):
         _progress(f"block {block + 1}/{size.blocks}")
-        for kind in (*KINDS, REFUSED):
+        for kind in SEQUENTIAL_KINDS:
             taken = _sequential(kind, callers[kind][0], texts, size.per_block[kind], markers)
             if kind != "direct":
                 drains.append(_ingest_drained(worker, size.drain_timeout))
