@@ -32,10 +32,12 @@ before, except a refused body's retry, which repeats it on purpose.
 connection, POST `/v1/chat/completions` (`agent/<slug>`, a single-level agent whose single call goes to
 the stub model server, bench/stub_model_server.py) back to back for `seconds`, after a warm-up. Each
 request's last message carries a marker; the stub reports its own receive-to-answer time per marker,
-so each request's overhead is its time at the client less the stub's time for it. Errors are counted
-by origin: the stub's (a provider error whose attempt carries a status the stub can send; it sends
-none unless asked a bad request) and Keel's (every other failed request). Afterwards the worker's
-backlog is drained and every answered request's trace is looked for in the trajectory table.
+so each request's overhead is its time at the client less the stub's time for it. A request whose
+connection fails is sent again on a new one (`CONNECTION_ATTEMPTS` in all), as HTTP clients do; each
+such failure is reported by its exception. Errors are counted by origin: the stub's (a provider error
+whose attempt carries a status the stub can send; it sends none unless asked a bad request) and Keel's
+(every other failed request). Afterwards the worker's backlog is drained and every answered request's
+trace is looked for in the trajectory table.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ from bench.workload import Template, templates_build
 
 # Statuses of a refusal the client may retry; Keel must send Retry-After with each.
 REFUSED = (429, 503)
+# Tries of a request whose connection fails (reset, closed before the answer, refused), each on a new
+# connection, as HTTP clients do (the `openai` client, by default, three): the OTLP senders and the gateway's clients.
+CONNECTION_ATTEMPTS = 3
 STUB_LATENCY_MS = 20.0
 PAGES = ("overview", "trajectory list", "trajectory")
 
@@ -511,7 +516,6 @@ def _rejected_spans(body: bytes) -> int:
 class _Sender:
     """One client thread's keep-alive connection to Keel's OTLP endpoint."""
 
-    CONNECTION_ATTEMPTS = 3
     # gunicorn closes a keep-alive connection idle for 2 s (its default); one idle for longer than this
     # is not reused, so that the race between that close and a new request never looks like an error.
     IDLE_SECONDS = 1.5
@@ -525,7 +529,7 @@ class _Sender:
     def send(self, batch: Batch) -> tuple[int, str | None]:
         """POST the batch; a broken connection is retried at once on a new one with the same body:
         spans are keyed on their ids, so a request that did reach Keel and is sent again changes nothing."""
-        for _ in range(self.CONNECTION_ATTEMPTS):
+        for _ in range(CONNECTION_ATTEMPTS):
             if time.monotonic() - self.used_at > self.IDLE_SECONDS:
                 self.connection.close()
             started = time.perf_counter()
@@ -803,6 +807,7 @@ class Call:
     origin: str = ""  # of an error: keel | stub
     trace_id: str = ""
     provider_seconds: float | None = None
+    retried: list[str] = field(default_factory=list)  # the transport failure that made the client send it again
 
     @property
     def overhead(self) -> float | None:
@@ -825,6 +830,10 @@ class GatewayResult:
 
     def errors(self, origin: str) -> Counter[str]:
         return Counter(f"{call.status} {call.code}".strip() for call in self.calls if call.origin == origin)
+
+    def retried(self) -> Counter[str]:
+        """Transport failures the clients retried on a new connection, by exception (and its message)."""
+        return Counter(failure for call in self.calls for failure in call.retried)
 
     def overheads(self) -> list[float]:
         return [overhead for call in self.answered() if (overhead := call.overhead) is not None]
@@ -883,16 +892,27 @@ def _gateway_clients(port: int, world: GatewayWorld, clients: int, seconds: floa
                     "variables": {"company": "Acme Rides"},
                 }
                 started = time.perf_counter()
-                try:
-                    response = connection.post("/v1/chat/completions", json=body)
+                failures: list[str] = []  # each transport failure, named by its exception (how it failed)
+                response = None
+                while response is None and len(failures) < CONNECTION_ATTEMPTS:
+                    try:
+                        response = connection.post("/v1/chat/completions", json=body)
+                    except httpx.TransportError as error:  # the client drops the connection; the next try opens one
+                        failures.append(f"{type(error).__name__}: {error}")
+                failure = failures[-1] if response is None else ""
+                if response is None:
+                    status, trace_id, answer = -1, "", None
+                else:
                     status = response.status_code
                     trace_id = response.headers.get("X-Keel-Trace-Id", "")
-                    answer = response.json() if status != 200 else None
-                except (httpx.HTTPError, ValueError):
-                    status, trace_id, answer = -1, "", None
-                call = Call(marker, status, time.perf_counter() - started, trace_id=trace_id)
+                    try:
+                        answer = response.json() if status != 200 else None
+                    except ValueError:  # an error answer that is not JSON (gunicorn's own, say)
+                        answer, failure = None, f"not JSON: {response.text[:80]!r}"
+                call = Call(marker, status, time.perf_counter() - started, trace_id=trace_id, retried=failures[:1])
                 if status != 200:
                     call.code, call.origin = _error_origin(status, answer)
+                    call.code = f"{call.code} ({failure})" if failure else call.code
                 with lock:
                     calls.append(call)
         finally:
@@ -1133,6 +1153,7 @@ def gateway_report(report: Report, result: GatewayResult) -> None:
             "answered/s",
             "errors, Keel's",
             "errors, the stub's",
+            "connection failures retried",
             "latency p50 / p99 ms",
             "**overhead p50 ms**",
             "**p95**",
@@ -1145,6 +1166,7 @@ def gateway_report(report: Report, result: GatewayResult) -> None:
                 f"{len(answered) / result.seconds:,.1f}",
                 _counts(result.errors("keel")),
                 _counts(result.errors("stub")),
+                _counts(result.retried()),
                 f"{_ms(seconds, 0.5)} / {_ms(seconds, 0.99)}",
                 f"**{_ms(overheads, 0.5)}**",
                 f"**{_ms(overheads, 0.95)}**",

@@ -29,6 +29,9 @@ def test_gateway_under_100_clients_answers_without_errors_of_its_own(keel):
     assert result.answered()
     assert result.errors("keel") == {}
     assert result.errors("stub") == {}
+    # A client sends a request again when its connection fails (as the `openai` client does); seen once in
+    # 451 requests (CI, 2026-11-28, cause not found). More than one request in a hundred would be Keel's fault.
+    assert sum(result.retried().values()) <= len(result.calls) // 100, result.retried()
     assert len(result.overheads()) == len(result.answered())
     assert result.drained
     assert result.traces_missing == 0
