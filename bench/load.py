@@ -807,7 +807,7 @@ class Call:
     origin: str = ""  # of an error: keel | stub
     trace_id: str = ""
     provider_seconds: float | None = None
-    retried: list[str] = field(default_factory=list)  # the transport failure that made the client send it again
+    retried: list[str] = field(default_factory=list)  # the transport failures that made the client send it again
 
     @property
     def overhead(self) -> float | None:
@@ -899,7 +899,8 @@ def _gateway_clients(port: int, world: GatewayWorld, clients: int, seconds: floa
                         response = connection.post("/v1/chat/completions", json=body)
                     except httpx.TransportError as error:  # the client drops the connection; the next try opens one
                         failures.append(f"{type(error).__name__}: {error}")
-                failure = failures[-1] if response is None else ""
+                # Every failure but a last one that ended the tries was followed by another try.
+                retried, failure = (failures, "") if response is not None else (failures[:-1], failures[-1])
                 if response is None:
                     status, trace_id, answer = -1, "", None
                 else:
@@ -909,7 +910,7 @@ def _gateway_clients(port: int, world: GatewayWorld, clients: int, seconds: floa
                         answer = response.json() if status != 200 else None
                     except ValueError:  # an error answer that is not JSON (gunicorn's own, say)
                         answer, failure = None, f"not JSON: {response.text[:80]!r}"
-                call = Call(marker, status, time.perf_counter() - started, trace_id=trace_id, retried=failures[:1])
+                call = Call(marker, status, time.perf_counter() - started, trace_id=trace_id, retried=retried)
                 if status != 200:
                     call.code, call.origin = _error_origin(status, answer)
                     call.code = f"{call.code} ({failure})" if failure else call.code
