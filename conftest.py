@@ -109,29 +109,12 @@ def _one_process_test_at_a_time(request: pytest.FixtureRequest, testrun_uid: str
         yield
 
 
-def _spread(few: list[pytest.Item], many: list[pytest.Item]) -> list[pytest.Item]:
-    """`many` in its order with `few` in theirs, each of `few` after its share of `many` (evenly apart)."""
-    merged: list[pytest.Item] = []
-    placed = 0
-    for index, item in enumerate(many):
-        merged.append(item)
-        while placed < len(few) and (placed + 1) * len(many) <= (index + 1) * len(few):
-            merged.append(few[placed])
-            placed += 1
-    return merged + few[placed:]
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items):
     """Tests that commit (transactional ones, and everything on `live_server`: browser tests, the
     examples, real Celery workers) truncate every table when they end, migration data included. Run
     them after the tests that roll back, so that those still see what migrations wrote (beat schedules).
-    pytest-django orders by the django_db marker only and misses `live_server`.
-
-    Among them, the tests that start processes of their own run one at a time (`_one_process_test_at_a_time`):
-    in a row at the end, the second pytest worker waited for each in turn (a 25-minute run spent 9 minutes
-    on its last 4 % of tests). Spread among the browser tests, long ones that mostly seed the demo, each runs
-    while the other worker has something else to do; the other tests that commit, shorter, come last."""
+    pytest-django orders by the django_db marker only and misses `live_server`."""
 
     def commits(item):
         marker = item.get_closest_marker("django_db")
@@ -142,9 +125,4 @@ def pytest_collection_modifyitems(items):
             or "transactional_db" in getattr(item, "fixturenames", ())
         )
 
-    committing = [item for item in items if commits(item)]
-    alone = [item for item in committing if item.get_closest_marker("processes") is not None]
-    shared = [item for item in committing if item.get_closest_marker("processes") is None]
-    browser = [item for item in shared if "page" in getattr(item, "fixturenames", ())]
-    others = [item for item in shared if "page" not in getattr(item, "fixturenames", ())]
-    items[:] = [item for item in items if not commits(item)] + _spread(alone, browser) + others
+    items[:] = sorted(items, key=commits)  # stable: each group keeps its order
