@@ -14,6 +14,7 @@ from pytest_django import DjangoDbBlocker
 
 if TYPE_CHECKING:
     from agent_registry.models import Workspace
+    from tests.demo_snapshot import DemoSnapshot
 
 # Playwright's sync API runs an event loop in the test thread; Django's ORM must still be callable.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
@@ -46,6 +47,17 @@ def config_listener(settings):
     assert config_cache.listener.wait_listening(10)
     yield config_cache.listener
     config_cache.listener.stop()  # its connection would keep the test database from being dropped
+
+
+@pytest.fixture(scope="session")
+def demo_snapshot(
+    django_db_setup: None, django_db_blocker: DjangoDbBlocker, tmp_path_factory: pytest.TempPathFactory
+) -> DemoSnapshot:
+    """The demo as `make run` seeds it, seeded once per pytest worker and kept (tests/demo_snapshot.py)."""
+    from tests.demo_snapshot import DemoSnapshot
+
+    with django_db_blocker.unblock():
+        return DemoSnapshot.take(tmp_path_factory.mktemp("demo-snapshot-media"))
 
 
 @pytest.fixture(scope="module")

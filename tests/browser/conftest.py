@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.db import connection
 from pytest_django import DjangoDbBlocker
 from pytest_django.live_server_helper import LiveServer
+
+if TYPE_CHECKING:
+    from tests.demo_snapshot import DemoSnapshot
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -31,8 +34,8 @@ def _test_database_released(django_db_setup: None, django_db_blocker: DjangoDbBl
 
 
 @pytest.fixture
-def seeded(live_server: LiveServer) -> dict[str, Any]:
-    """The demo workspace, seeded as `make run` seeds it, and the live server's URL."""
-    from agent_registry import demo as registry_demo
-
-    return {"workspace": registry_demo.demo_seed(), "url": live_server.url}
+def seeded(live_server: LiveServer, demo_snapshot: DemoSnapshot, settings: Any) -> dict[str, Any]:
+    """The demo workspace as `make run` seeds it (this worker's seed, written back: tests/demo_snapshot.py),
+    and the live server's URL."""
+    settings.MEDIA_ROOT = demo_snapshot.media
+    return {"workspace": demo_snapshot.restore(), "url": live_server.url}
