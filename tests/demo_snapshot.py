@@ -9,8 +9,8 @@ id, so that what the test creates gets new ids.
 The seed's files (exports, adapters) stay in the snapshot's media folder, which a test points MEDIA_ROOT at.
 
 A restored demo is the seed as it was when taken, minutes earlier in the same run: times in it are that
-much older than a fresh seed's (the demo's windows are hours and days wide). Tasks the seed sent on commit
-were never sent; no test on a live server runs a worker.
+much older than a fresh seed's (the demo's windows are hours and days wide). The tasks a committed seed sends
+to the broker are not sent; no browser test on the demo runs a Celery worker to take them.
 """
 
 from __future__ import annotations
