@@ -899,11 +899,11 @@ def _gateway_clients(port: int, world: GatewayWorld, clients: int, seconds: floa
                         response = connection.post("/v1/chat/completions", json=body)
                     except httpx.TransportError as error:  # the client drops the connection; the next try opens one
                         failures.append(f"{type(error).__name__}: {error}")
-                # Every failure but a last one that ended the tries was followed by another try.
-                retried, failure = (failures, "") if response is not None else (failures[:-1], failures[-1])
-                if response is None:
+                if response is None:  # the last failure ended the tries; every one before it was retried
                     status, trace_id, answer = -1, "", None
+                    retried, failure = failures[:-1], failures[-1]
                 else:
+                    retried, failure = failures, ""
                     status = response.status_code
                     trace_id = response.headers.get("X-Keel-Trace-Id", "")
                     try:
