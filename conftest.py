@@ -61,21 +61,16 @@ def demo_snapshot(
 
 
 @pytest.fixture(scope="module")
-def demo_workspace(
-    django_db_setup: None, django_db_blocker: DjangoDbBlocker, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Workspace]:
-    """The demo workspace as `make run` seeds it, seeded once per test module (a seed takes 15-35 s) in a
-    transaction that is rolled back when the module's last test ends. Each test of the module runs in a
+def demo_workspace(demo_snapshot: DemoSnapshot, django_db_blocker: DjangoDbBlocker) -> Iterator[Workspace]:
+    """The demo workspace as `make run` seeds it (this worker's seed, written back: tests/demo_snapshot.py),
+    in a transaction that is rolled back when the module's last test ends. Each test of the module runs in a
     savepoint of it (pytest-django's `django_db`), as Django's TestCase runs after setUpTestData, so what
-    one test changes the next does not see. The seed's files go to one media folder for the module."""
+    one test changes the next does not see."""
     from django.db import transaction
     from django.test import override_settings
 
-    from agent_registry import demo
-
-    media = tmp_path_factory.mktemp("demo-media")
-    with django_db_blocker.unblock(), override_settings(MEDIA_ROOT=media), transaction.atomic():
-        yield demo.demo_seed()
+    with django_db_blocker.unblock(), override_settings(MEDIA_ROOT=demo_snapshot.media), transaction.atomic():
+        yield demo_snapshot.restore()
         transaction.set_rollback(True)
 
 

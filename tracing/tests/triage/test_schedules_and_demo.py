@@ -36,17 +36,16 @@ def _counts():
     }
 
 
-def test_the_demo_shows_every_part_of_triage_and_seeds_once():
-    workspace = registry_demo.demo_seed()
+def test_the_demo_shows_every_part_of_triage_and_seeds_once(demo_workspace):
     first = _counts()
 
     registry_demo.demo_seed()
 
     assert _counts() == first
-    settings = TriageSettings.objects.get(agent__workspace=workspace, agent__slug="ride-support")
+    settings = TriageSettings.objects.get(agent__workspace=demo_workspace, agent__slug="ride-support")
     assert settings.review_strategies == ["signal", "random"]
     assert settings.phrases["en"]["negative"]["mode"] == "extend"
-    samples = ReviewSample.objects.filter(workspace=workspace)
+    samples = ReviewSample.objects.filter(workspace=demo_workspace)
     assert sorted(samples.values_list("strategy", flat=True)) == sorted(sampling.STRATEGIES)
     for sample in samples:
         reviewed = sample.items.filter(status="reviewed")
@@ -55,14 +54,14 @@ def test_the_demo_shows_every_part_of_triage_and_seeds_once():
             problems = set(item.signal_names) & sampling.PROBLEM_SIGNALS - {"exhaustion"}
             if problems or item.trajectory.status == "error":
                 assert item.informative, item.signal_names
-    report = triage.review_informativeness(workspace=workspace)
+    report = triage.review_informativeness(workspace=demo_workspace)
     assert report.comparison.signal.share is not None
     assert report.comparison.random.share is not None
     assert report.comparison.signal.share > report.comparison.random.share
-    assert {rule.name for rule in AlertRule.objects.filter(workspace=workspace)} == {
+    assert {rule.name for rule in AlertRule.objects.filter(workspace=demo_workspace)} == {
         name for _, name, *_ in demo.DEMO_RULES
     }
-    fired = Alert.objects.filter(workspace=workspace)
+    fired = Alert.objects.filter(workspace=demo_workspace)
     assert {alert.signal for alert in fired} >= {"error_status"}
     for alert in fired:
         assert alert.observed_rate > alert.threshold
