@@ -69,7 +69,7 @@ class DemoSnapshot:
     workspace_slug: str
     media: Path
     seeded_at: datetime
-    rows: dict[str, bytes]  # table: its rows in COPY's binary format
+    rows: dict[str, bytes]  # table (one with rows): its rows in COPY's binary format
     times: dict[str, tuple[str, ...]]  # table: its columns of moments, moved on when restored
 
     @classmethod
@@ -87,7 +87,9 @@ class DemoSnapshot:
             with connection.cursor() as cursor:
                 for table in tables:
                     with cursor.copy(f"COPY {connection.ops.quote_name(table)} TO STDOUT (FORMAT BINARY)") as copy:
-                        rows[table] = b"".join(bytes(chunk) for chunk in copy)
+                        data = b"".join(bytes(chunk) for chunk in copy)
+                    if cursor.rowcount:  # an empty table has nothing to write back
+                        rows[table] = data
             transaction.set_rollback(True)
         return cls(workspace_slug=slug, media=media, seeded_at=seeded_at, rows=rows, times=_time_columns(tables))
 
