@@ -113,6 +113,12 @@ def _int_column(value: int | None) -> int | None:
 
 def span_record(span: Span, cost_usd: Decimal | None = None) -> SpanRecord:
     data: dict[str, Any] = {name: getattr(span, name) for name in _DATA_FIELDS}
+    # A tool span's arguments and result are, as mapped, the very objects of its input and output: kept
+    # once, under `input` and `output`. A row without the key reads them back from there.
+    if span.input is not None and span.tool_arguments is span.input:
+        del data["tool_arguments"]
+    if span.output is not None and span.tool_result is span.output:
+        del data["tool_result"]
     data["tags"] = list(span.tags)
     data["tool_definitions"] = list(span.tool_definitions)
     data["events"] = [{"name": e.name, "time_ns": e.time_ns, "attributes": e.attributes} for e in span.events]
@@ -169,8 +175,8 @@ def span_from_record(columns: Mapping[str, Any], data: Mapping[str, Any]) -> Spa
         output=data.get("output"),
         tool_name=columns["tool_name"] or None,
         tool_call_id=data.get("tool_call_id"),
-        tool_arguments=data.get("tool_arguments"),
-        tool_result=data.get("tool_result"),
+        tool_arguments=data["tool_arguments"] if "tool_arguments" in data else data.get("input"),
+        tool_result=data["tool_result"] if "tool_result" in data else data.get("output"),
         tool_definitions=tuple(data.get("tool_definitions") or ()),
         usage=Usage(
             input_tokens=columns.get("input_tokens"),

@@ -343,6 +343,7 @@ def document_spans(document: TrajectoryDocument) -> list[Span]:
                     calls[call.id] = (call.function.name, call.function.arguments)
         elif message.role == "tool":
             tool_name, arguments = calls.get(message.tool_call_id or "", (message.name or "tool", None))
+            parsed_arguments, parsed_result = _parsed(arguments), _parsed(message.content)
             spans.append(
                 _span(
                     trace_id=trace_id,
@@ -356,10 +357,10 @@ def document_spans(document: TrajectoryDocument) -> list[Span]:
                     error=message.error,
                     tool_name=tool_name,
                     tool_call_id=message.tool_call_id,
-                    tool_arguments=_parsed(arguments),
-                    tool_result=_parsed(message.content),
-                    input=_parsed(arguments),
-                    output=_parsed(message.content),
+                    tool_arguments=parsed_arguments,
+                    tool_result=parsed_result,
+                    input=parsed_arguments,
+                    output=parsed_result,
                 )
             )
         history.append(as_dict)

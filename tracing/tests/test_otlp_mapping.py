@@ -718,6 +718,56 @@ def test_finish_reasons_survive_storage_and_rows_from_before_read_as_none() -> N
     assert records.span_from_record(columns, data).finish_reasons == ()
 
 
+def test_a_tool_spans_arguments_and_result_are_stored_once_and_read_back() -> None:
+    arguments, result = {"order_id": "A-1", "reason": "late"}, {"status": "in transit", "eta": "2 days"}
+    mapped = otlp.map_span(
+        raw_span(
+            {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": "lookup_order",
+                "gen_ai.tool.call.arguments": json.dumps(arguments),
+                "gen_ai.tool.call.result": json.dumps(result),
+            }
+        )
+    )
+    assert (mapped.span_type, mapped.tool_arguments, mapped.tool_result) == ("tool", arguments, result)
+    record = records.span_record(mapped)
+    columns = {field.name: getattr(record, field.name) for field in dataclasses.fields(record)}
+    data = json.loads(record.data)
+
+    assert "tool_arguments" not in data
+    assert "tool_result" not in data
+    assert (data["input"], data["output"]) == (arguments, result)
+    assert record.data.count('"late"') == 1
+    assert records.span_from_record(columns, data) == mapped
+
+
+def test_tool_arguments_and_results_that_differ_from_input_and_output_keep_their_own_keys() -> None:
+    # A generation span that names a tool call: input and output are its messages, not the call's.
+    mapped = otlp.map_span(
+        raw_span(
+            {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.input.messages": json.dumps([{"role": "user", "content": "where is A-1?"}]),
+                "gen_ai.tool.call.arguments": json.dumps({"order_id": "A-1"}),
+            }
+        )
+    )
+    assert mapped.tool_arguments == {"order_id": "A-1"}
+    assert mapped.tool_result is None
+    record = records.span_record(mapped)
+    columns = {field.name: getattr(record, field.name) for field in dataclasses.fields(record)}
+    data = json.loads(record.data)
+
+    assert data["tool_arguments"] == {"order_id": "A-1"}
+    assert data["tool_result"] is None
+    assert records.span_from_record(columns, data) == mapped
+
+    # Rows stored before tool spans kept their arguments once still read as they were written.
+    stored_before = {**data, "tool_arguments": {"order_id": "A-2"}, "input": None}
+    assert records.span_from_record(columns, stored_before).tool_arguments == {"order_id": "A-2"}
+
+
 # --- OpenTelemetry GenAI, older conventions --------------------------------------------------------------
 
 

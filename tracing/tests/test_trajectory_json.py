@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from tracing import otlp, trajectory_json
+from tracing.records import span_record
 from tracing.signals import signals_compute
 from tracing.steps import trajectory_view_build
 
@@ -94,3 +97,22 @@ def test_a_trajectory_that_ends_on_an_answer_adds_no_message_at_the_end() -> Non
 
     assert [step.kind for step in view.steps] == ["agent", "message", "message", "llm_call", "tool_call", "llm_call"]
     assert view.conversation == tuple(messages)
+
+
+def test_a_tool_calls_arguments_and_result_are_stored_once() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "ride_lookup", "arguments": '{"ride_id": "R-1"}'}}
+    spans = spans_of(
+        [
+            QUESTION,
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"fare": 12.5, "status": "completed"}'},
+            OFFER,
+        ]
+    )
+    (tool,) = [span for span in spans if span.span_type == "tool"]
+    stored = orjson.loads(span_record(tool).data)
+
+    assert (tool.tool_arguments, tool.tool_result) == ({"ride_id": "R-1"}, {"fare": 12.5, "status": "completed"})
+    assert "tool_arguments" not in stored
+    assert "tool_result" not in stored
+    assert (stored["input"], stored["output"]) == (tool.tool_arguments, tool.tool_result)
