@@ -140,6 +140,15 @@ def apikey_agent_ids(*, api_key: ApiKey) -> frozenset[int] | None:
     return ids or None
 
 
+_key_agent_ids: NotifiedCache[int, frozenset[int] | None] = NotifiedCache(size=4096, in_transactions=True)
+
+
+def apikey_agent_ids_kept(*, api_key: ApiKey) -> frozenset[int] | None:
+    """`apikey_agent_ids`, kept per process until a key's agents change (config/config_cache.py): for the
+    paths that read it on every request or batch (the gateway's proxying, span ingest)."""
+    return _key_agent_ids.get(api_key.pk, functools.partial(apikey_agent_ids, api_key=api_key))
+
+
 # --- Agents -----------------------------------------------------------------------------------
 
 

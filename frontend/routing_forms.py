@@ -38,11 +38,11 @@ class ModelTargetForm(forms.Form):
         widget=forms.TextInput(attrs={"placeholder": "openai/gpt-4o-mini", "spellcheck": "false"}),
         help_text="Any litellm model string; an OpenAI-compatible server is openai/<its model name> with an API base.",
     )
-    api_base = forms.URLField(
+    # Checked by the service (routing/services.py): Django's URL check refuses bare host names (http://vllm:8000).
+    api_base = forms.CharField(
         max_length=500,
         required=False,
         label="API base",
-        assume_scheme="https",
         widget=forms.TextInput(attrs={"inputmode": "url", "placeholder": "http://127.0.0.1:8001/v1"}),
         help_text="For vLLM, llama.cpp, Ollama or a proxy; blank uses the provider's own.",
     )

@@ -35,6 +35,9 @@ class ToolCall(BaseModel):
 USER_CONTENT_PART_TYPES = frozenset(
     {"text", "image_url", "input_audio", "audio_url", "document", "file", "video_url", "guarded_text"}
 )
+# OpenAI's part types carry their content under a key named as the type. litellm fails on an image part
+# without one before anything is sent, as a 500 that is retried and counted against the target's health.
+_PART_CONTENT_KEYS = frozenset({"text", "image_url", "input_audio", "file"})
 
 
 class Message(BaseModel):
@@ -59,6 +62,8 @@ class Message(BaseModel):
                 if part["type"] not in USER_CONTENT_PART_TYPES:
                     known = ", ".join(sorted(USER_CONTENT_PART_TYPES))
                     raise ValueError(f"unknown content part type {part['type']!r} in a user message (known: {known})")
+                if part["type"] in _PART_CONTENT_KEYS and part.get(part["type"]) is None:
+                    raise ValueError(f"a content part of type {part['type']!r} needs {part['type']!r}")
         return self
 
 

@@ -662,7 +662,7 @@ def _plan(
     agent_slug = model[len(AGENT_PREFIX) :] if model.startswith(AGENT_PREFIX) else None
     context = selectors.gateway_agent_context(api_key=api_key, slug=agent_slug) if agent_slug else None
     agent = context.agent if context else None
-    target = None if agent else selectors.gateway_target_get(workspace=api_key.workspace, alias=model)
+    target = None if agent else selectors.gateway_target_get(api_key=api_key, alias=model)
     plan = _Plan(
         api_key=api_key,
         request=request,

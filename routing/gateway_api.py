@@ -16,7 +16,6 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_GET, require_POST
 from pydantic import ValidationError
 
 from agent_registry.auth import api_key_from_headers
@@ -35,6 +34,7 @@ _ERROR_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    405: "invalid_request_error",
     409: "invalid_request_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
@@ -58,6 +58,15 @@ def _keel_error(error: KeelError) -> JsonResponse:
     response = _error(error.status, error.detail, error.code, **extra)
     if "retry_after" in error.extra:
         response["Retry-After"] = str(error.extra["retry_after"])
+    return response
+
+
+def _method_not_allowed(request: HttpRequest, allowed: str) -> JsonResponse | None:
+    """OpenAI's error JSON for a wrong method (Django's own 405 has an empty body), or None when it is right."""
+    if request.method == allowed:
+        return None
+    response = _error(405, f"{request.method} is not allowed here; use {allowed}", "method_not_allowed")
+    response["Allow"] = allowed
     return response
 
 
@@ -106,8 +115,10 @@ def _parse(request: HttpRequest) -> ChatCompletionRequest | JsonResponse:
 
 
 @csrf_exempt
-@require_POST
 def chat_completions_api(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
+    wrong_method = _method_not_allowed(request, "POST")
+    if wrong_method is not None:
+        return wrong_method
     api_key = _authenticate(request)
     if isinstance(api_key, JsonResponse):
         return api_key
@@ -146,8 +157,10 @@ def chat_completions_api(request: HttpRequest) -> HttpResponse | StreamingHttpRe
 
 
 @csrf_exempt
-@require_GET
 def models_api(request: HttpRequest) -> HttpResponse:
+    wrong_method = _method_not_allowed(request, "GET")
+    if wrong_method is not None:
+        return wrong_method
     api_key = _authenticate(request)
     if isinstance(api_key, JsonResponse):
         return api_key

@@ -20,8 +20,8 @@ from pgvector.django import CosineDistance
 from psycopg import generators as libpq
 from psycopg.pq import ExecStatus
 
-from agent_registry.models import Agent, ApiKey, PromptVersion, Workspace
-from agent_registry.selectors import apikey_agent_ids
+from agent_registry.models import Agent, ApiKey, PromptVersion
+from agent_registry.selectors import apikey_agent_ids, apikey_agent_ids_kept
 from config.compiled_query import CompiledQuery
 from config.config_cache import NotifiedCache
 from config.errors import NotFound
@@ -252,9 +252,16 @@ _enabled_target = CompiledQuery(
 _enabled_targets: NotifiedCache[tuple[int, str], ModelTarget | None] = NotifiedCache(size=GATEWAY_CACHE_SIZE)
 
 
-def gateway_target_get(*, workspace: Workspace, alias: str) -> ModelTarget:
-    kept = _enabled_targets.get(
-        (workspace.pk, alias), functools.partial(_enabled_target.first, workspace_id=workspace.pk, alias=alias)
+def gateway_target_get(*, api_key: ApiKey, alias: str) -> ModelTarget:
+    """The enabled target a key may proxy to by alias: none for a key limited to agents, which may call
+    only those agents (as gateway_models lists)."""
+    workspace_id = api_key.workspace_id
+    kept = (
+        _enabled_targets.get(
+            (workspace_id, alias), functools.partial(_enabled_target.first, workspace_id=workspace_id, alias=alias)
+        )
+        if apikey_agent_ids_kept(api_key=api_key) is None
+        else None
     )
     # A copy for each request: the provider layer writes the target's health on its instance.
     target = instance_copy(kept)

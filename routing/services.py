@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import jsonschema
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -88,6 +89,25 @@ MODEL_TARGET_FIELDS: Final = frozenset(
     }
 )
 TIMEOUT_SECONDS_MAX: Final = 600.0
+API_BASE_MAX_LENGTH: Final = 500
+
+
+def _api_base_error(api_base: str) -> str | None:
+    """What is wrong with an API base (None: nothing). Not Django's URLValidator: it wants a top-level
+    domain, and a model server is often reached by a bare host name, such as a Compose service's
+    (`http://ollama:11434`, `http://vllm:8000/v1`). litellm speaks HTTP to it, so http(s) only."""
+    if not api_base:
+        return None
+    if len(api_base) > API_BASE_MAX_LENGTH:
+        return f"must be at most {API_BASE_MAX_LENGTH} characters"
+    try:
+        parts = urlsplit(api_base)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number from 0 to 65535
+    except ValueError:
+        return "is not a valid URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(char.isspace() for char in api_base):
+        return "must be an http(s) URL with a host, e.g. http://127.0.0.1:8000/v1"
+    return None
 
 
 def _destination(target: ModelTarget) -> tuple[str, str]:
@@ -163,9 +183,14 @@ def _model_target_apply(target: ModelTarget, fields: Mapping[str, Any], prefix: 
         errors.append(
             {"field": f"{prefix}api_key", "message": 'enter the key again (or "" for none) to send it somewhere new'}
         )
+    api_base_error = _api_base_error(target.api_base)
+    if api_base_error:
+        errors.append({"field": f"{prefix}api_base", "message": api_base_error})
     try:
-        # Uniqueness and the fallbacks are checked against the database by the callers.
-        target.full_clean(exclude=["workspace", "fallbacks"], validate_unique=False, validate_constraints=False)
+        # Uniqueness and the fallbacks are checked against the database by the callers; the API base above.
+        target.full_clean(
+            exclude=["workspace", "fallbacks", "api_base"], validate_unique=False, validate_constraints=False
+        )
     except DjangoValidationError as error:
         reported = {item["field"] for item in errors}
         errors.extend(item for item in _django_errors(error, prefix) if item["field"] not in reported)

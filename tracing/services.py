@@ -567,10 +567,6 @@ def _priced(span: otlp.Span, overrides: Mapping[str, pricing.ModelPrice]) -> otl
     return span if cost is None else dataclasses.replace(span, cost_usd=float(cost))
 
 
-def _key_agents_read(api_key: ApiKey) -> frozenset[int]:
-    return frozenset(api_key.agents.values_list("pk", flat=True))
-
-
 def _agents_by_name_read(workspace: Workspace) -> dict[str, int]:
     by_name: dict[str, int] = {}
     for agent_id, slug, name in Agent.objects.filter(workspace=workspace).values_list("pk", "slug", "name"):
@@ -582,7 +578,6 @@ def _agents_by_name_read(workspace: Workspace) -> dict[str, int]:
 # What every batch of spans reads, in the transaction that stores them (config_free_transaction: it writes
 # none of it, bar a draft agent it creates for a trace and adds to its own copy of the names): kept per
 # process until a key, an agent, a prompt or a triage setting changes (config/config_cache.py).
-_key_agents: NotifiedCache[int, frozenset[int]] = NotifiedCache(size=4096, in_transactions=True)
 _agents_by_name: NotifiedCache[int, dict[str, int]] = NotifiedCache(size=1024, in_transactions=True)
 _prompt_version_rows: NotifiedCache[tuple[int, frozenset[str]], tuple[tuple[int, str, int, str | None], ...]] = (
     NotifiedCache(size=4096, in_transactions=True)
@@ -598,7 +593,7 @@ class _AgentResolver:
         self.workspace = workspace
         self.allowed: frozenset[int] | None = None
         if api_key is not None:
-            self.allowed = _key_agents.get(api_key.pk, functools.partial(_key_agents_read, api_key)) or None
+            self.allowed = registry_selectors.apikey_agent_ids_kept(api_key=api_key)
         # A copy: a draft agent created for a trace is added to it.
         self.by_name = dict(_agents_by_name.get(workspace.pk, functools.partial(_agents_by_name_read, workspace)))
 

@@ -105,6 +105,21 @@ def test_a_bad_target_is_shown_again_with_its_error_and_nothing_changes(tenant, 
     assert db_state() == before
 
 
+def test_a_target_on_a_bare_host_name_is_added_and_a_bad_api_base_is_refused(tenant, member_client):
+    url = page_urls(tenant)["model_target_list"]
+    fields = {"model": "openai/qwen", **TARGET_FIELDS}
+
+    added = member_client.post(url, {"alias": "local", "api_base": "http://vllm:8000/v1", **fields})
+    before = db_state()
+    refused = member_client.post(url, {"alias": "other", "api_base": "ftp://vllm/v1", **fields})
+
+    assert added.status_code == 302
+    assert ModelTarget.objects.get(workspace=tenant.workspace, alias="local").api_base == "http://vllm:8000/v1"
+    assert refused.status_code == 422
+    assert "must be an http(s) URL with a host" in refused.content.decode()
+    assert db_state() == before
+
+
 def test_an_environment_target_is_read_only_in_the_dashboard(tenant, owner_client):
     env = ModelTargetFactory.create(workspace=tenant.workspace, alias="env-fast", source=TargetSource.ENVIRONMENT)
     edit = f"/w/{tenant.workspace.slug}/model-targets/{env.alias}/"

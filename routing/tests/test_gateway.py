@@ -274,6 +274,12 @@ def test_a_target_that_keeps_failing_cools_down(gateway):
             400,
             "invalid_request",
         ),
+        ({"model": "fast", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "invalid_request"),
+        (
+            {"model": "fast", "messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]},
+            400,
+            "invalid_request",
+        ),
         ({"model": "agent/nobody", "messages": [{"role": "user", "content": "hi"}]}, 404, "model_not_found"),
         ({"model": "no-such-target", "messages": [{"role": "user", "content": "hi"}]}, 404, "model_not_found"),
         ({"model": "agent/ride-support", "messages": [{"role": "user", "content": "hi"}]}, 422, "missing_variables"),
@@ -309,6 +315,24 @@ def test_invalid_json_and_auth_failures(gateway, api_client_for):
     assert response.json()["code"] == "insufficient_scope"
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [("get", "/v1/chat/completions", "POST"), ("put", "/v1/chat/completions", "POST"), ("post", "/v1/models", "GET")],
+)
+def test_a_wrong_method_gets_an_openai_style_405(gateway, method, path, allowed):
+    response = getattr(gateway.client, method)(path)
+
+    assert response.status_code == 405
+    assert response["Allow"] == allowed
+    assert response.json()["error"] == {
+        "message": f"{method.upper()} is not allowed here; use {allowed}",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "method_not_allowed",
+    }
+    assert not Trajectory.objects.exists()
+
+
 def test_another_workspace_cannot_call_this_workspace_agent_or_targets(gateway, other_workspace):
     _, raw = registry_services.apikey_create(workspace=other_workspace, name="other", scopes=["gateway"])
     other = gateway.client.__class__(headers={"Authorization": f"Bearer {raw}"})
@@ -340,6 +364,25 @@ def test_a_key_limited_to_agents_sees_and_calls_only_those(gateway):
         "fast",
         "strong",
     ]
+
+
+def test_a_key_limited_to_agents_cannot_proxy_to_a_model_target_alias(gateway):
+    _, raw = registry_services.apikey_create(
+        workspace=gateway.workspace, name="limited", scopes=["gateway"], agents=[gateway.agent]
+    )
+    limited = gateway.client.__class__(headers={"Authorization": f"Bearer {raw}"})
+    body = {"model": "strong", "messages": [{"role": "user", "content": "ping"}]}
+
+    for stream in (False, True):
+        response = limited.post(
+            "/v1/chat/completions", data=json.dumps({**body, "stream": stream}), content_type="application/json"
+        )
+        assert response.status_code == 404
+        assert response.json()["error"]["code"] == "model_not_found"
+    assert gateway.fake.received == []
+    assert not Trajectory.objects.exists()
+    assert not IngestBatch.objects.exists()
+    assert gateway.post(body).status_code == 200  # the workspace's key still may
 
 
 def test_a_model_target_alias_is_proxied_and_recorded(gateway):

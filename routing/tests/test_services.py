@@ -86,6 +86,10 @@ def test_an_alias_is_unique_in_its_workspace_only(workspace, other_workspace):
         ({"model": "  "}, "model"),
         ({"alias": "not a slug"}, "alias"),
         ({"api_base": "not-a-url"}, "api_base"),
+        ({"api_base": "ftp://models.example/v1"}, "api_base"),
+        ({"api_base": "http://vllm:99999/v1"}, "api_base"),
+        ({"api_base": "http://my host:8000/v1"}, "api_base"),
+        ({"api_base": "http://" + "a" * 500}, "api_base"),
         ({"tier": "quantum"}, "tier"),
         ({"timeout_seconds": 0}, "timeout_seconds"),
         ({"max_retries": -1}, "max_retries"),
@@ -102,6 +106,15 @@ def test_an_invalid_target_is_refused_by_field(workspace, changes, field):
     assert error.value.status == 422
     assert field in _fields(error)
     assert _targets() == []
+
+
+@pytest.mark.parametrize(
+    "api_base", ["http://ollama:11434", "http://vllm:8000/v1", "https://models.example/v1", "http://[::1]:8000/v1"]
+)
+def test_an_api_base_may_name_a_bare_host_as_a_compose_service_does(workspace, api_base):
+    target = services.model_target_create(workspace=workspace, alias="local", model="openai/qwen", api_base=api_base)
+
+    assert ModelTarget.objects.get(pk=target.pk).api_base == api_base
 
 
 def test_fallbacks_name_targets_of_the_same_workspace(workspace, other_workspace):
