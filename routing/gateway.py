@@ -417,7 +417,10 @@ def _record(
 ) -> None:
     """Close the request's trace and store it with its decision, then run each of `after` with the decision
     row: once the answer has gone out when the plan says so (`record_behind`), else before returning. Each
-    is a step of its own for the write-behind thread, retried alone if the database goes away."""
+    is a step of its own for the write-behind thread, retried alone if the database goes away. A failed
+    request's `error` carries the trace id out (`trace_id` in its extra), as an answer does."""
+    if error is not None:
+        error.extra.setdefault("trace_id", plan.recorder.trace_id)
     decision = plan.decision
     tags = ["gateway"]
     metadata: dict[str, Any] = {"model": plan.request.model}

@@ -58,6 +58,8 @@ def _keel_error(error: KeelError) -> JsonResponse:
     response = _error(error.status, error.detail, error.code, **extra)
     if "retry_after" in error.extra:
         response["Retry-After"] = str(error.extra["retry_after"])
+    if "trace_id" in error.extra:  # the failed request was recorded: its trajectory is under this id
+        response["X-Keel-Trace-Id"] = str(error.extra["trace_id"])
     return response
 
 

@@ -126,3 +126,11 @@ def test_the_error_handlers_render_the_dashboards_pages(tenant):
     assert b"Page not found" in not_found.content
     assert server_error.status_code == 500
     assert b"Something went wrong" in server_error.content
+
+
+def test_pages_name_their_icon_so_browsers_do_not_ask_for_a_missing_favicon(tenant, member_client, client):
+    from django.contrib.staticfiles import finders
+
+    for response in (member_client.get(f"/w/{tenant.workspace.slug}/"), client.get("/login/")):
+        assert '<link rel="icon" href="/static/frontend/favicon.svg' in response.content.decode()
+    assert finders.find("frontend/favicon.svg") is not None

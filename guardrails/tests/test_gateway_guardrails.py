@@ -83,6 +83,7 @@ def test_an_injection_in_user_input_is_blocked_before_any_model_call_and_recorde
     assert gateway.fake.received == []
     violation = GuardrailViolation.objects.get(agent=gateway.agent, layer="input")
     assert (violation.check_name, violation.action) == ("prompt_injection", "block")
+    assert response["X-Keel-Trace-Id"] == violation.trace_id
     (span,) = guardrail_spans(gateway, violation.trace_id)
     assert span.name == "guardrail input: user message block"
     assert span.status == "error"

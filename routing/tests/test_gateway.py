@@ -241,6 +241,7 @@ def test_when_every_target_fails_the_caller_gets_a_502_and_the_failure_is_record
     assert "overloaded" in error["error"]["message"]
     decision = RoutingDecision.objects.get()
     assert decision.status == "error"
+    assert response["X-Keel-Trace-Id"] == decision.trace_id  # the caller can find the recorded failure
     trajectory = _stored(gateway, decision.trace_id)
     assert trajectory.status == "error"
 
