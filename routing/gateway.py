@@ -342,7 +342,12 @@ def _plan_agent(plan: _Plan, context: selectors.GatewayAgent) -> None:
     conversation_tier = (
         selectors.conversation_tier(agent=agent, conversation_id=plan.conversation_id) if last_role == "tool" else None
     )
-    router_request = router.Request(messages=client_messages, has_tools=has_tools, conversation_tier=conversation_tier)
+    router_request = router.Request(
+        messages=client_messages,
+        has_tools=has_tools,
+        conversation_tier=conversation_tier,
+        offers_tools=bool(request.tools),
+    )
     plan.request_text = router.request_text(client_messages)[:REQUEST_TEXT_LIMIT]
     started = time.perf_counter()
     pinned_tier = pin.tier if pin is not None else None

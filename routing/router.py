@@ -21,6 +21,9 @@ The order `route` decides in:
 5. Otherwise a rule-free cold start (learned signal, too few neighbours): a cheap difficulty heuristic
    may pick a chain or agentic tier; with the `rules` signal, the default tier.
 
+Whichever step chose a chain, a request that brings its own tools goes to the agentic loop or the single
+call instead, when one is enabled: a chain's declared steps never offer the model the caller's tools.
+
 `route` never raises on odd input: messages of any shape, invalid regular expressions, NaN numbers and
 unknown tier names all degrade to a decision with a reason.
 """
@@ -31,7 +34,7 @@ import math
 import re
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Final
 
@@ -210,8 +213,9 @@ class Policy:
 @dataclass(frozen=True, slots=True)
 class Request:
     messages: Sequence[Mapping[str, Any]]
-    has_tools: bool = False
+    has_tools: bool = False  # offers tools, or carries tool calls or results
     conversation_tier: str | None = None
+    offers_tools: bool = False  # the caller's own tool definitions (`tools`), which a chain cannot offer the model
 
 
 @dataclass(frozen=True, slots=True)
@@ -784,6 +788,20 @@ def _enabled_tiers(policy: Policy) -> tuple[str, ...]:
 
 def route(request: Request, policy: Policy, neighbours: Sequence[Neighbour]) -> Decision:
     """The tier for this request, the method that chose it and why (see the module docstring)."""
+    decision = _route(request, policy, neighbours)
+    if decision.tier != CHAIN or getattr(request, "offers_tools", False) is not True:
+        return decision
+    # A chain runs its declared steps and never offers the model the caller's tools: a request that brings
+    # tools goes to the tier above it that does (the agentic loop), else to the single call.
+    tiers = _enabled_tiers(policy)
+    capable = [tier for tier in (AGENTIC, SINGLE_CALL) if tier in tiers]
+    if not capable:
+        return decision
+    reason = f"{decision.reason}; the request brings its own tools, which a chain cannot offer, so {capable[0]}"
+    return replace(decision, tier=capable[0], reason=reason)
+
+
+def _route(request: Request, policy: Policy, neighbours: Sequence[Neighbour]) -> Decision:
     analysis = _analyse(request, policy)
     features = analysis.features
     tiers = _enabled_tiers(policy)

@@ -195,6 +195,23 @@ def test_client_side_tools_go_back_to_the_caller_and_the_conversation_continues_
     assert (second.tier, second.method, second.conversation_id) == ("agentic", "continuation", "conv-1")
 
 
+def test_a_request_with_its_own_tools_is_not_sent_to_a_chain_that_would_drop_them(gateway):
+    gateway.config.rules = [{"name": "multi-step", "kind": "keywords", "value": "compare", "to_tier": "chain"}]
+    gateway.config.save()
+    ChainStep.objects.create(agent=gateway.agent, position=1, name="answer", instructions="Answer it.")
+    tools = [{"type": "function", "function": {"name": "lookup_trip", "parameters": {"type": "object"}}}]
+    gateway.fake.script("strong", call("lookup_trip", {"trip_id": "T1"}, "c1"))
+
+    body = gateway.ask("Compare my last two trips", tools=tools).json()
+
+    assert body["keel"]["tier"] == "agentic"
+    assert body["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "lookup_trip"
+    decision = RoutingDecision.objects.get()
+    assert (decision.tier, decision.rule) == ("agentic", "multi-step")
+    assert decision.reason.endswith("the request brings its own tools, which a chain cannot offer, so agentic")
+    assert gateway.ask("Compare my last two trips").json()["keel"]["tier"] == "chain"  # without tools, as ruled
+
+
 def test_an_agentic_loop_that_hits_its_step_limit_stops_says_so_and_fires_exhaustion(gateway, tool_server):
     gateway.config.rules = [{"name": "account", "kind": "keywords", "value": "refund", "to_tier": "agentic"}]
     gateway.config.save()

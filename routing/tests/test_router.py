@@ -282,6 +282,20 @@ def test_the_first_matching_rule_wins_and_rules_to_disabled_tiers_are_skipped() 
     assert decision.features["rules"] == {"to-agentic": "tier_disabled", "to-chain": "matched", "to-human": "matched"}
 
 
+def test_a_request_that_brings_tools_goes_past_a_chain_to_a_tier_that_offers_them() -> None:
+    to_chain = (Rule(name="to-chain", kind="keywords", value="refund", to_tier="chain"),)
+
+    with_agentic = route(ask("refund", offers_tools=True), make_policy(rules=to_chain, tiers=ALL_TIERS), [])
+    without = route(ask("refund", offers_tools=True), make_policy(rules=to_chain), [])
+    no_tools = route(ask("refund"), make_policy(rules=to_chain, tiers=ALL_TIERS), [])
+    only_chain = route(ask("refund", offers_tools=True), make_policy(rules=to_chain, tiers=("chain", "human")), [])
+
+    assert (with_agentic.tier, with_agentic.rule) == ("agentic", "to-chain")
+    assert with_agentic.reason.endswith("; the request brings its own tools, which a chain cannot offer, so agentic")
+    assert without.tier == "single_call"
+    assert no_tools.tier == only_chain.tier == "chain"
+
+
 # --- Modes and continuation --------------------------------------------------------------------
 
 
