@@ -96,10 +96,11 @@ class ChatCompletionRequest(BaseModel):
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     n: int | None = Field(default=None, ge=1, le=1)
-    stream: bool = False
+    # Strict: a string such as "yes" or "false" is a mistake to name, not a truth value to guess.
+    stream: bool = Field(default=False, strict=True)
     stream_options: dict[str, Any] | None = None
     user: str | None = Field(default=None, max_length=200)
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: bool | None = Field(default=None, strict=True)
     metadata: dict[str, Any] | None = None
     variables: dict[str, Any] | None = None
 

@@ -293,6 +293,12 @@ def test_a_target_that_keeps_failing_cools_down(gateway):
             "invalid_request",
         ),
         ({"model": "fast", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "invalid_request"),
+        ({"model": "fast", "messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, 400, "invalid_request"),
+        (
+            {"model": "fast", "messages": [{"role": "user", "content": "hi"}], "parallel_tool_calls": "false"},
+            400,
+            "invalid_request",
+        ),
         (
             {"model": "fast", "messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]},
             400,
