@@ -240,8 +240,13 @@ def trajectory_list_api(request: HttpRequest, query: Query[TrajectoryListQuery])
         agent_id = registry_selectors.agent_get(workspace=workspace, slug=query.agent, agent_ids=agent_ids).pk
     prompt_name, prompt_version = None, None
     if query.prompt:
-        name, _, version = query.prompt.rpartition(":") if ":" in query.prompt else (query.prompt, "", "")
-        prompt_name, prompt_version = name, int(version) if version.isdigit() else None
+        # A prompt name may itself hold ':' (agent_registry allows it): only a number after the last
+        # one is a version; otherwise the whole value is the name.
+        name, _, version = query.prompt.rpartition(":")
+        if name and version.isdigit():
+            prompt_name, prompt_version = name, int(version)
+        else:
+            prompt_name = query.prompt
     score_name, score_min, score_max = _score_filter(query.score)
     page = selectors.trajectory_list(
         workspace=workspace,
@@ -313,7 +318,8 @@ def score_create_api(request: HttpRequest, trace_id: str, payload: ScoreIn) -> A
         data_type=payload.data_type,
         value=payload.value,
         string_value=payload.string_value,
-        span_id=payload.span_id,
+        # OpenTelemetry ids are hex, case-insensitive; spans are stored with lower-case ids.
+        span_id=payload.span_id.strip().lower(),
         comment=payload.comment,
         created_via_key=request_api_key(request),
     )
@@ -328,7 +334,7 @@ def session_list_api(request: HttpRequest, limit: int = 50) -> Any:
     return [dataclasses.asdict(session) for session in sessions]
 
 
-@router.get("/sessions/{session_id}", auth=READ, response={200: SessionDetailOut, **ERRORS})
+@router.get("/sessions/{path:session_id}", auth=READ, response={200: SessionDetailOut, **ERRORS})
 def session_get_api(request: HttpRequest, session_id: str) -> Any:
     trajectories = selectors.session_trajectories(
         workspace=request_workspace(request), session_id=session_id, agent_ids=request_agent_ids(request)

@@ -27,7 +27,7 @@ from config import unavailable
 from config.errors import KeelError
 from tracing import services
 from tracing.exceptions import IngestPayloadTooLarge
-from tracing.otlp import CONTENT_TYPE_PROTOBUF
+from tracing.otlp import CONTENT_TYPE_JSON
 
 logger = logging.getLogger("tracing.views")
 
@@ -41,11 +41,13 @@ def _error(error: KeelError) -> JsonResponse:
 
 
 def _success(content_type: str, rejected: int, message: str) -> HttpResponse:
-    if content_type == CONTENT_TYPE_PROTOBUF:
+    # OTLP answers in the request's encoding: the request was protobuf unless it was JSON (ingest takes
+    # application/protobuf, which some clients send, as well as application/x-protobuf).
+    if content_type != CONTENT_TYPE_JSON:
         answer = ExportTraceServiceResponse()
         if rejected:
             answer.partial_success.CopyFrom(ExportTracePartialSuccess(rejected_spans=rejected, error_message=message))
-        return HttpResponse(answer.SerializeToString(), content_type=CONTENT_TYPE_PROTOBUF)
+        return HttpResponse(answer.SerializeToString(), content_type=content_type)
     body: dict[str, object] = {}
     if rejected:
         body["partialSuccess"] = {"rejectedSpans": str(rejected), "errorMessage": message}

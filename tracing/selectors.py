@@ -12,7 +12,8 @@ from decimal import Decimal
 from typing import Any
 
 import orjson
-from django.db.models import Count, Max, Min, Prefetch, Q, QuerySet, Sum
+from django.core.exceptions import ValidationError
+from django.db.models import Count, Field, Max, Min, Prefetch, Q, QuerySet, Sum
 
 from agent_registry.models import PromptVersion, Workspace
 from config.config_cache import NotifiedCache
@@ -144,7 +145,15 @@ def trajectory_list(
             | Q(trace_id=filters.search.lower())
         )
     if cursor:
-        value, pk = _cursor_decode(cursor)
+        raw_value, pk = _cursor_decode(cursor)
+        ordered_by = Trajectory._meta.get_field(field)
+        assert isinstance(ordered_by, Field)  # ORDERS names columns, not relations
+        try:
+            # A cursor is opaque but comes back from the client: a value that is not of the ordering
+            # field's type would fail in the query (a float or integer one as a 500).
+            value = ordered_by.to_python(raw_value)
+        except ValidationError:
+            raise exceptions.TrajectoryListInvalid("the cursor is not one this API gave out") from None
         after = Q(**{f"{field}__lt" if descending else f"{field}__gt": value}) | Q(
             **{field: value, "pk__lt" if descending else "pk__gt": pk}
         )

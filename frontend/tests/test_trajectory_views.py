@@ -3,6 +3,7 @@ home page's card. Trajectories are recorded with the OpenTelemetry SDK and store
 
 from __future__ import annotations
 
+import base64
 import re
 from datetime import timedelta
 from decimal import Decimal
@@ -209,6 +210,19 @@ def test_pages_continue_with_a_cursor_and_load_more_appends_rows(tenant, traffic
 
 def test_a_cursor_from_nowhere_falls_back_to_the_first_page(tenant, traffic, member_client):
     response = member_client.get(f"/w/{tenant.workspace.slug}/trajectories/?cursor=not-a-cursor")
+
+    assert response.status_code == 200
+    assert len(_listed(response)) == 4
+    assert "That page link is no longer valid" in response.content.decode()
+
+
+@pytest.mark.parametrize("order", ["latency", "-steps"])
+def test_a_cursor_whose_value_does_not_fit_the_order_falls_back_to_the_first_page(
+    tenant, traffic, member_client, order
+):
+    forged = base64.urlsafe_b64encode(b'["abc", 1]').decode()
+
+    response = member_client.get(f"/w/{tenant.workspace.slug}/trajectories/", {"order": order, "cursor": forged})
 
     assert response.status_code == 200
     assert len(_listed(response)) == 4

@@ -84,6 +84,21 @@ def test_invalid_spans_are_rejected_with_partial_success_and_the_rest_stored(ote
     assert Span.objects.filter(workspace=workspace).count() == 3
 
 
+def test_a_request_sent_as_application_protobuf_is_answered_in_protobuf(ingest_client, workspace):
+    from tracing.tests.conftest import pb_request, pb_span
+
+    request = pb_request(pb_span(), pb_span(span_id=b"\x00" * 8, name="zero span id"))
+
+    response = ingest_client.post("/v1/traces", request.SerializeToString(), content_type="application/protobuf")
+
+    assert response.status_code == 200
+    assert response["Content-Type"] == "application/protobuf"
+    answer = ExportTraceServiceResponse.FromString(response.content)
+    assert answer.partial_success.rejected_spans == 1
+    assert "span id" in answer.partial_success.error_message
+    assert Span.objects.filter(workspace=workspace).count() == 1
+
+
 @pytest.mark.parametrize(
     ("body", "content_type", "status", "code"),
     [

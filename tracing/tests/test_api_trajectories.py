@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import base64
+
+import orjson
 import pytest
 
 from agent_registry import services as registry_services
@@ -59,6 +62,45 @@ def test_bad_list_queries_are_422(traces, workspace, api_client_for):
     assert client.get("/api/v1/trajectories", {"order": "sideways"}).status_code == 422
     assert client.get("/api/v1/trajectories", {"cursor": "not-a-cursor"}).json()["code"] == "invalid_query"
     assert client.get("/api/v1/trajectories", {"agent": "nobody"}).status_code == 404
+
+
+def test_the_prompt_filter_takes_a_name_with_a_colon_whole_unless_a_version_follows(workspace, api_client_for):
+    from agent_registry.tests.factories import prompt_with_versions
+    from tracing.tests.factories import TrajectoryFactory
+
+    agent = AgentFactory.create(workspace=workspace)
+    colon = prompt_with_versions(agent=agent, name="support:triage", templates=["a", "b"])
+    plain = prompt_with_versions(agent=agent, name="support", templates=["c"])
+    colon_v1, colon_v2 = colon.versions.order_by("version")
+    on_colon_v1 = TrajectoryFactory.create(workspace=workspace, agent=agent)
+    on_colon_v1.prompt_versions.add(colon_v1)
+    on_colon_v2 = TrajectoryFactory.create(workspace=workspace, agent=agent)
+    on_colon_v2.prompt_versions.add(colon_v2)
+    on_plain = TrajectoryFactory.create(workspace=workspace, agent=agent)
+    on_plain.prompt_versions.add(plain.versions.get())
+    client = api_client_for(workspace, scopes=["read"])
+
+    def listed(prompt):
+        response = client.get("/api/v1/trajectories", {"prompt": prompt, "order": "started_at"})
+        assert response.status_code == 200
+        return sorted(item["trace_id"] for item in response.json()["items"])
+
+    assert listed("support:triage") == sorted([on_colon_v1.trace_id, on_colon_v2.trace_id])
+    assert listed("support:triage:2") == [on_colon_v2.trace_id]
+    assert listed("support:1") == [on_plain.trace_id]
+    assert listed("support:latest") == []
+
+
+@pytest.mark.parametrize("order", ["latency", "-steps", "cost", "started_at", "-tokens", "triage_score"])
+def test_a_cursor_whose_value_does_not_fit_the_order_is_422(traces, workspace, api_client_for, order):
+    client = api_client_for(workspace, scopes=["read"])
+    # Well-formed (base64 of [value, pk]) but not a value of the ordered field.
+    forged = base64.urlsafe_b64encode(orjson.dumps(["abc", 1])).decode()
+
+    response = client.get("/api/v1/trajectories", {"order": order, "cursor": forged})
+
+    assert response.status_code == 422
+    assert response.json() == {"detail": "the cursor is not one this API gave out", "code": "invalid_query"}
 
 
 def test_the_detail_lists_each_calls_new_inputs_unless_asked_for_all(traces, workspace, api_client_for):
@@ -134,6 +176,37 @@ def test_scores_are_added_and_bad_ones_refused(traces, workspace, api_client_for
     assert list(Score.objects.values_list("name", flat=True)) == ["helpfulness"]
     listed = client.get("/api/v1/trajectories", {"score": "helpfulness>=3"}).json()["items"]
     assert [item["trace_id"] for item in listed] == [traces["a"]]
+
+
+def test_a_score_names_its_step_by_span_id_in_any_case(traces, workspace, api_client_for):
+    client = api_client_for(workspace)
+    detail = client.get(f"/api/v1/trajectories/{traces['a']}").json()
+    span_id = next(step["span_id"] for step in detail["step_details"] if step["kind"] == "tool_call")
+
+    created = client.post(
+        f"/api/v1/trajectories/{traces['a']}/scores",
+        data={"name": "tool_ok", "data_type": "boolean", "value": True, "span_id": span_id.upper()},
+        content_type="application/json",
+    )
+
+    assert created.status_code == 201
+    assert created.json()["span_id"] == span_id
+    assert list(Score.objects.values_list("span_id", flat=True)) == [span_id]
+
+
+def test_a_session_id_with_slashes_has_its_detail(otel, workspace, api_client_for):
+    AgentFactory.create(workspace=workspace, slug="ride-support")
+    trace_id = refund_conversation(otel.tracer(), session="org-7/chat/42")
+    _ingest(otel, workspace)
+    client = api_client_for(workspace, scopes=["read"])
+
+    listed = [session["session_id"] for session in client.get("/api/v1/sessions").json()]
+    detail = client.get("/api/v1/sessions/org-7/chat/42")
+
+    assert listed == ["org-7/chat/42"]
+    assert detail.status_code == 200
+    assert detail.json()["session_id"] == "org-7/chat/42"
+    assert [item["trace_id"] for item in detail.json()["trajectories"]] == [trace_id]
 
 
 def test_sessions_group_trajectories(traces, workspace, api_client_for):
