@@ -1269,8 +1269,13 @@ def score_create(
             problems.append({"field": "value", "message": "must be finite"})
         else:
             numeric_value = float(value)
-    elif data_type in (ScoreDataType.CATEGORICAL, ScoreDataType.CORRECTION) and not string_value:
-        problems.append({"field": "string_value", "message": f"a {data_type} score needs string_value"})
+    elif data_type in (ScoreDataType.CATEGORICAL, ScoreDataType.CORRECTION):
+        if not string_value:
+            problems.append({"field": "string_value", "message": f"a {data_type} score needs string_value"})
+        if value is not None:  # would be dropped without a word: the category is string_value
+            problems.append({"field": "value", "message": f"a {data_type} score takes string_value, not value"})
+    if data_type in (ScoreDataType.NUMERIC, ScoreDataType.BOOLEAN) and string_value:
+        problems.append({"field": "string_value", "message": f"a {data_type} score takes value, not string_value"})
     if (
         span_id
         and not Span.objects.filter(

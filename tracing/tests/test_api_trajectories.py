@@ -178,6 +178,24 @@ def test_scores_are_added_and_bad_ones_refused(traces, workspace, api_client_for
     assert [item["trace_id"] for item in listed] == [traces["a"]]
 
 
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"name": "intent", "data_type": "categorical", "value": 3, "string_value": "billing"}, "value"),
+        ({"name": "fix", "data_type": "correction", "value": 1, "string_value": "Refund $12."}, "value"),
+        ({"name": "helpfulness", "data_type": "numeric", "value": 4, "string_value": "good"}, "string_value"),
+    ],
+)
+def test_a_score_with_a_value_its_type_does_not_take_is_refused(traces, workspace, api_client_for, body, field):
+    response = api_client_for(workspace).post(
+        f"/api/v1/trajectories/{traces['a']}/scores", data=body, content_type="application/json"
+    )
+
+    assert (response.status_code, response.json()["code"]) == (422, "score_invalid")
+    assert [error["field"] for error in response.json()["errors"]] == [field]
+    assert not Score.objects.exists()
+
+
 def test_a_score_names_its_step_by_span_id_in_any_case(traces, workspace, api_client_for):
     client = api_client_for(workspace)
     detail = client.get(f"/api/v1/trajectories/{traces['a']}").json()
