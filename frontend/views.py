@@ -1067,9 +1067,23 @@ def trajectory_score_create_view(request: HtmxHttpRequest, membership: Membershi
 @workspace_view()
 @require_GET
 def session_list_view(request: HtmxHttpRequest, membership: Membership) -> HttpResponse:
-    sessions = tracing_selectors.session_list(workspace=membership.workspace, limit=SESSION_PAGE_SIZE)
+    cursor = request.GET.get("cursor") or None
+    cursor_error = ""
+    try:
+        page = tracing_selectors.session_list(workspace=membership.workspace, limit=SESSION_PAGE_SIZE, cursor=cursor)
+    except TrajectoryListInvalid as error:
+        cursor_error, cursor = error.detail, None
+        page = tracing_selectors.session_list(workspace=membership.workspace, limit=SESSION_PAGE_SIZE)
     return _render(
-        request, membership, "frontend/sessions/list.html", {"sessions": sessions, "limit": SESSION_PAGE_SIZE}
+        request,
+        membership,
+        "frontend/sessions/list.html",
+        {
+            "sessions": page.items,
+            "cursor": cursor,
+            "cursor_error": cursor_error,
+            "more_query": _query_string(request.GET, cursor=page.next_cursor) if page.next_cursor else "",
+        },
     )
 
 

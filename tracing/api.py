@@ -327,11 +327,21 @@ def score_create_api(request: HttpRequest, trace_id: str, payload: ScoreIn) -> A
 
 
 @router.get("/sessions", auth=READ, response={200: list[SessionOut], **ERRORS})
-def session_list_api(request: HttpRequest, limit: int = 50) -> Any:
-    sessions = selectors.session_list(
-        workspace=request_workspace(request), agent_ids=request_agent_ids(request), limit=min(max(limit, 1), 500)
+def session_list_api(request: HttpRequest, response: HttpResponse, limit: int = 50, cursor: str = "") -> Any:
+    """The most recently active sessions. The list stays a plain array; when more follow, the answer's
+    `X-Next-Cursor` header (and a `Link` header, rel="next") gives the next page's `cursor`."""
+    page = selectors.session_list(
+        workspace=request_workspace(request),
+        agent_ids=request_agent_ids(request),
+        limit=min(max(limit, 1), 500),
+        cursor=cursor or None,
     )
-    return [dataclasses.asdict(session) for session in sessions]
+    if page.next_cursor:
+        following = request.GET.copy()
+        following["cursor"] = page.next_cursor
+        response["X-Next-Cursor"] = page.next_cursor
+        response["Link"] = f'<{request.path}?{following.urlencode()}>; rel="next"'
+    return [dataclasses.asdict(session) for session in page.items]
 
 
 @router.get("/sessions/{path:session_id}", auth=READ, response={200: SessionDetailOut, **ERRORS})

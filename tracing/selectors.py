@@ -245,7 +245,17 @@ class SessionSummary:
     user_id: str
 
 
-def session_list(*, workspace: Workspace, agent_ids: AgentIds = None, limit: int = 50) -> list[SessionSummary]:
+@dataclass(frozen=True)
+class SessionPage:
+    items: list[SessionSummary]
+    next_cursor: str | None
+
+
+def session_list(
+    *, workspace: Workspace, agent_ids: AgentIds = None, limit: int = 50, cursor: str | None = None
+) -> SessionPage:
+    """Sessions, the most recently active first (by their last trajectory's end, then id), a page at a time:
+    `cursor` is a page's `next_cursor`. Raises TrajectoryListInvalid for a cursor this never gave out."""
     rows = (
         _visible(workspace, agent_ids)
         .exclude(session_id="")
@@ -259,9 +269,12 @@ def session_list(*, workspace: Workspace, agent_ids: AgentIds = None, limit: int
             errors=Sum("error_count"),
             user=Max("user_id"),
         )
-        .order_by("-last")[:limit]
     )
-    return [
+    if cursor:
+        last, session_id = _session_cursor_decode(cursor)
+        rows = rows.filter(Q(last__lt=last) | Q(last=last, session_id__lt=session_id))
+    found = list(rows.order_by("-last", "-session_id")[: limit + 1])
+    items = [
         SessionSummary(
             session_id=row["session_id"],
             trajectory_count=row["trajectory_count"],
@@ -272,8 +285,27 @@ def session_list(*, workspace: Workspace, agent_ids: AgentIds = None, limit: int
             error_count=row["errors"] or 0,
             user_id=row["user"] or "",
         )
-        for row in rows
+        for row in found[:limit]
     ]
+    more = len(found) > limit
+    return SessionPage(items, _session_cursor_encode(items[-1]) if more else None)
+
+
+def _session_cursor_encode(session: SessionSummary) -> str:
+    return (
+        base64.urlsafe_b64encode(orjson.dumps([session.ended_at.isoformat(), session.session_id])).decode().rstrip("=")
+    )
+
+
+def _session_cursor_decode(cursor: str) -> tuple[datetime, str]:
+    try:
+        moment, session_id = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        last = datetime.fromisoformat(moment)
+    except (ValueError, TypeError, binascii.Error, orjson.JSONDecodeError):
+        raise exceptions.TrajectoryListInvalid("the cursor is not one this API gave out") from None
+    if last.tzinfo is None or not isinstance(session_id, str):
+        raise exceptions.TrajectoryListInvalid("the cursor is not one this API gave out")
+    return last, session_id
 
 
 def session_trajectories(*, workspace: Workspace, session_id: str, agent_ids: AgentIds = None) -> QuerySet[Trajectory]:

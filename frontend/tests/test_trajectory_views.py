@@ -21,6 +21,7 @@ from frontend.tests.conftest import db_state
 from tracing import demo
 from tracing import services as tracing_services
 from tracing.models import Score, ScoreSource, Trajectory
+from tracing.tests.factories import TrajectoryFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -487,6 +488,31 @@ def test_sessions_list_their_turns_and_totals(tenant, other_tenant, member_clien
     assert session.total_tokens == first.total_tokens + second.total_tokens
     assert session.cost_usd == first.cost_usd + second.cost_usd
     assert "/w/acme/sessions/session-1/" in response.content.decode()
+
+
+def test_older_sessions_are_a_page_away_and_a_bad_page_link_shows_the_most_recent(tenant, member_client, monkeypatch):
+    monkeypatch.setattr(views, "SESSION_PAGE_SIZE", 2)
+    for number in range(3):
+        TrajectoryFactory.create(
+            workspace=tenant.workspace,
+            agent=tenant.trajectory.agent,
+            session_id=f"older-{number}",
+            started_at=timezone.now() - timedelta(hours=1 + number),
+        )
+    url = f"/w/{tenant.workspace.slug}/sessions/"
+
+    first = member_client.get(url)
+    more = re.search(r'href="\?(cursor=[^"]+)">Older sessions', first.content.decode())
+    assert more is not None
+    second = member_client.get(f"{url}?{more.group(1).replace('&amp;', '&')}")
+    broken = member_client.get(url, {"cursor": "not-a-cursor"})
+
+    assert [s.session_id for s in first.context["sessions"]] == ["session-1", "older-0"]
+    assert [s.session_id for s in second.context["sessions"]] == ["older-1", "older-2"]
+    assert ">Older sessions</a>" not in second.content.decode()
+    assert "Back to the most recent" in second.content.decode()
+    assert [s.session_id for s in broken.context["sessions"]] == ["session-1", "older-0"]
+    assert "That page link is no longer valid" in broken.content.decode()
 
 
 def test_a_session_shows_its_turns_in_order_each_message_once(tenant, member_client):

@@ -1,15 +1,18 @@
 from __future__ import annotations
 
 import base64
+from datetime import timedelta
 
 import orjson
 import pytest
+from django.utils import timezone
 
 from agent_registry import services as registry_services
 from agent_registry.tests.factories import AgentFactory
 from tracing import services, signals
 from tracing.models import Score, Trajectory
 from tracing.tests.agent_traces import long_conversation, refund_conversation
+from tracing.tests.factories import TrajectoryFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -225,6 +228,47 @@ def test_a_session_id_with_slashes_has_its_detail(otel, workspace, api_client_fo
     assert detail.status_code == 200
     assert detail.json()["session_id"] == "org-7/chat/42"
     assert [item["trace_id"] for item in detail.json()["trajectories"]] == [trace_id]
+
+
+def test_sessions_are_listed_a_page_at_a_time_with_the_next_cursor_in_headers(workspace, api_client_for):
+    agent = AgentFactory.create(workspace=workspace, slug="ride-support")
+    now = timezone.now()
+    # Five sessions end at the same moment: the id orders them, so no page repeats or skips one.
+    for number in range(9):
+        started = now - timedelta(minutes=10 + (number if number >= 5 else 0))
+        for turn in range(2):
+            TrajectoryFactory.create(
+                workspace=workspace,
+                agent=agent,
+                session_id=f"s-{number}",
+                started_at=started + timedelta(seconds=turn),
+                ended_at=started + timedelta(seconds=3 + turn),
+            )
+    client = api_client_for(workspace, scopes=["read"])
+
+    seen: list[str] = []
+    response = client.get("/api/v1/sessions", {"limit": 4})
+    links = []
+    while True:
+        assert response.status_code == 200
+        seen += [session["session_id"] for session in response.json()]
+        if "X-Next-Cursor" not in response:
+            break
+        links.append(response["Link"])
+        response = client.get("/api/v1/sessions", {"limit": 4, "cursor": response["X-Next-Cursor"]})
+
+    assert seen == ["s-4", "s-3", "s-2", "s-1", "s-0", "s-5", "s-6", "s-7", "s-8"]
+    assert len(links) == 2
+    assert links[0].startswith("</api/v1/sessions?limit=4&cursor=")
+    assert links[0].endswith('>; rel="next"')
+    assert all(session["trajectory_count"] == 2 for session in client.get("/api/v1/sessions").json())
+
+
+@pytest.mark.parametrize("cursor", ["nope", base64.urlsafe_b64encode(b'["yesterday", "s-1"]').decode(), "WzEsMl0"])
+def test_a_sessions_cursor_this_api_never_gave_out_is_422(workspace, api_client_for, cursor):
+    response = api_client_for(workspace, scopes=["read"]).get("/api/v1/sessions", {"cursor": cursor})
+
+    assert (response.status_code, response.json()["code"]) == (422, "invalid_query")
 
 
 def test_sessions_group_trajectories(traces, workspace, api_client_for):
