@@ -9,11 +9,13 @@ import dataclasses
 import json
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
+from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpRequest, HttpResponse
 from ninja import Body, Field, Query, Router, Schema, Status
+from pydantic import PlainSerializer
 
 from agent_registry import selectors as registry_selectors
 from agent_registry.auth import key_auth, request_agent_ids, request_api_key, request_workspace
@@ -29,6 +31,19 @@ READ = key_auth(Scope.READ)
 WRITE = key_auth(Scope.WRITE)
 INGEST = key_auth(Scope.INGEST)
 ERRORS = error_responses(503)
+
+
+_USD_PLACES = Decimal("0.00000001")  # as the cost columns keep them
+
+
+def _fixed_point(amount: Decimal | int) -> str:
+    """An amount as a plain decimal string with the columns' eight places: Decimal's own str writes a zero
+    cost as "0E-8", and a sum over no priced rows comes as the integer 0."""
+    return format(Decimal(amount).quantize(_USD_PLACES), "f")
+
+
+# US dollars as the API writes them: a decimal string with the column's eight places.
+Usd = Annotated[Decimal, PlainSerializer(_fixed_point, return_type=str)]
 
 
 class ScoreOut(Schema):
@@ -57,7 +72,7 @@ class TrajectoryOut(Schema):
     tool_calls: int
     errors: int
     tokens: dict[str, int]
-    cost: Decimal
+    cost: Usd
     session_id: str
     user_id: str
     tags: list[str]
@@ -127,7 +142,7 @@ class SessionOut(Schema):
     started_at: datetime
     ended_at: datetime
     total_tokens: int
-    cost_usd: Decimal
+    cost_usd: Usd
     error_count: int
     user_id: str
 
@@ -195,6 +210,15 @@ def _trajectory_out(trajectory: Trajectory) -> dict[str, Any]:
         "triage_score": trajectory.triage_score,
         "replay_of": trajectory.replay_of.trace_id if trajectory.replay_of else None,
     }
+
+
+def _head_value(value: Any) -> Any:
+    """Times and amounts in the detail as the list writes them (Django's JSON encoder, as Ninja renders)."""
+    if isinstance(value, Decimal):
+        return _fixed_point(value)
+    if isinstance(value, datetime):
+        return DjangoJSONEncoder().default(value)
+    return str(value)
 
 
 def _detail_head(trajectory: Trajectory) -> dict[str, Any]:
@@ -289,11 +313,11 @@ def trajectory_get_api(request: HttpRequest, trace_id: str, include_inputs: bool
     # Serialized here with orjson: the schema above documents the shape, and validating a body of
     # thousands of nested messages through pydantic again would cost more than building it.
     try:
-        head_json = orjson.dumps(head, default=str)
+        head_json = orjson.dumps(head, default=_head_value, option=orjson.OPT_PASSTHROUGH_DATETIME)
     except TypeError:
         # An integer past 64 bits, which orjson refuses: a float as large (2e19) in the metadata comes
         # back from PostgreSQL's jsonb as an integer. The standard library writes any integer.
-        head_json = json.dumps(head, default=str).encode()
+        head_json = json.dumps(head, default=_head_value).encode()
     # Both are JSON objects with keys of their own: the document's members join the head's as they are,
     # so a long trajectory's stored steps are never parsed and written again.
     return HttpResponse(head_json[:-1] + b"," + document[1:], content_type="application/json")

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import base64
 from datetime import timedelta
+from decimal import Decimal
 
 import orjson
 import pytest
@@ -269,6 +270,24 @@ def test_a_sessions_cursor_this_api_never_gave_out_is_422(workspace, api_client_
     response = api_client_for(workspace, scopes=["read"]).get("/api/v1/sessions", {"cursor": cursor})
 
     assert (response.status_code, response.json()["code"]) == (422, "invalid_query")
+
+
+def test_the_list_and_the_detail_write_times_and_amounts_alike(workspace, api_client_for):
+    agent = AgentFactory.create(workspace=workspace, slug="ride-support")
+    priced = TrajectoryFactory.create(workspace=workspace, agent=agent, session_id="s-1", cost_usd=Decimal("0.0012"))
+    free = TrajectoryFactory.create(workspace=workspace, agent=agent, session_id="s-2", cost_usd=Decimal(0))
+    client = api_client_for(workspace, scopes=["read"])
+
+    listed = {item["trace_id"]: item for item in client.get("/api/v1/trajectories").json()["items"]}
+    sessions = {session["session_id"]: session for session in client.get("/api/v1/sessions").json()}
+    for trajectory in (priced, free):
+        detail = client.get(f"/api/v1/trajectories/{trajectory.trace_id}").json()
+        item = listed[trajectory.trace_id]
+        assert {key: detail[key] for key in item} == item
+
+    assert (listed[priced.trace_id]["cost"], listed[free.trace_id]["cost"]) == ("0.00120000", "0.00000000")
+    assert (sessions["s-1"]["cost_usd"], sessions["s-2"]["cost_usd"]) == ("0.00120000", "0.00000000")
+    assert listed[free.trace_id]["started_at"].endswith("Z")
 
 
 def test_sessions_group_trajectories(traces, workspace, api_client_for):
