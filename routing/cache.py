@@ -469,6 +469,13 @@ def cache_entries_invalidate_for_prompt(
     return _entries_retire(stale, now or timezone.now())
 
 
+def cache_entries_retire_for_target(*, target: ModelTarget, now: datetime | None = None) -> int:
+    """Retire the entries a model target answered, before it is deleted: as for a prompt version no label
+    holds, the entries that served hits stay (expired, and their target then None) while those hits are
+    reviewable, and the others go. Returns how many were retired."""
+    return _entries_retire(CacheEntry.objects.filter(model_target=target), now or timezone.now())
+
+
 def _entries_retire(stale: QuerySet[CacheEntry], now: datetime) -> int:
     """Delete the entries that served no hit; expire the others now, so their hits stay reviewable."""
     has_hits = Exists(CacheHit.objects.filter(entry=OuterRef("pk")))

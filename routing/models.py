@@ -331,7 +331,11 @@ class CacheEntry(models.Model):
 
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="cache_entries")
-    model_target = models.ForeignKey(ModelTarget, on_delete=models.CASCADE, related_name="cache_entries")
+    # None: the target was deleted. Such an entry is never served again; it stays, expired, while its hits
+    # are reviewable (routing.cache.cache_entries_retire_for_target).
+    model_target = models.ForeignKey(
+        ModelTarget, null=True, blank=True, on_delete=models.SET_NULL, related_name="cache_entries"
+    )
     prompt_version = models.ForeignKey(
         PromptVersion, null=True, blank=True, on_delete=models.CASCADE, related_name="cache_entries"
     )

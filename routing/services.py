@@ -26,7 +26,7 @@ from django.utils import timezone
 from agent_registry import audit
 from agent_registry.models import Agent, ApiKey, AuditAction, PromptVersion, User, Workspace
 from config import crypto
-from routing import exceptions, router
+from routing import cache, exceptions, router
 from routing.models import (
     AgentTool,
     ChainStep,
@@ -348,6 +348,8 @@ def model_target_delete(
         raise exceptions.ModelTargetInUse(
             f"model target {target.alias!r} is a fallback of {', '.join(dependants)}; remove it from there first"
         )
+    # The cache review keeps the hits this target's answers served (and their flags) past the deletion.
+    cache.cache_entries_retire_for_target(target=target)
     audit.record(
         workspace=target.workspace_id,
         action=AuditAction.MODEL_TARGET_DELETED,

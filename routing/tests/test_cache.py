@@ -19,7 +19,7 @@ from litellm.types.utils import EmbeddingResponse
 
 from agent_registry.tests.factories import AgentFactory, UserFactory, WorkspaceFactory, prompt_with_versions
 from config import crypto
-from routing import cache
+from routing import cache, services
 from routing.embedding import embed_offline, project
 from routing.models import CacheEntry, CacheHit, TierChoice
 from routing.tests.factories import (
@@ -556,6 +556,26 @@ def test_cache_entries_invalidate_for_prompt_with_nothing_kept(agent, target, ve
 
     assert cache.cache_entries_invalidate_for_prompt(agent=agent, keep_prompt_version_ids=()) == 2
     assert CacheEntry.objects.count() == 0
+
+
+def test_deleting_a_target_keeps_the_hits_its_answers_served_for_review(agent, target, workspace):
+    other_target = ModelTargetFactory.create(workspace=workspace, alias="other-target")
+    unused = store(agent, target)
+    answered = store(agent, target, "Where is my parcel?")
+    hit = cache.cache_hit_record(entry=answered, trace_id="e" * 32, request_text="parcel?", similarity=0.95)
+    cache.cache_hit_review(hit=hit, false_hit=True, reviewed_by=UserFactory.create())
+    elsewhere = store(agent, other_target)
+
+    services.model_target_delete(target=target)
+
+    assert set(CacheEntry.objects.values_list("pk", flat=True)) == {answered.pk, elsewhere.pk}
+    assert not CacheEntry.objects.filter(pk=unused.pk).exists()
+    answered.refresh_from_db()
+    assert answered.model_target_id is None
+    assert answered.expires_at <= timezone.now()
+    assert CacheHit.objects.get(pk=hit.pk).false_hit is True
+    assert [h.pk for h in cache.cache_hits_for_review(workspace=workspace)] == [hit.pk]
+    assert lookup(agent, other_target) is not None
 
 
 def test_cache_entries_sweep(workspace, monkeypatch):
