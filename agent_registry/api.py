@@ -11,6 +11,7 @@ from typing import Any
 
 from django.db import transaction
 from django.http import HttpRequest
+from django.utils import timezone
 from ninja import Query, Router, Schema, Status
 
 from agent_registry import exceptions, requirements, selectors, services
@@ -529,6 +530,11 @@ def apikey_create_api(request: HttpRequest, payload: ApiKeyIn) -> Any:
             "a key limited to some agents can only create keys limited to them",
             errors=[{"field": "agents", "message": "required"}],
         )
+    if payload.expires_at is not None and payload.expires_at <= timezone.now():
+        # It would be shown once and never work (the dashboard's form refuses a past date too).
+        raise exceptions.ApiKeyInvalid(
+            "a key cannot expire in the past", errors=[{"field": "expires_at", "message": "in the past"}]
+        )
     if caller.expires_at is not None and (payload.expires_at is None or payload.expires_at > caller.expires_at):
         raise PermissionDenied(
             "a key that expires can only create keys that expire no later than it does",
@@ -659,13 +665,17 @@ def langfuse_prompt_create_api(request: HttpRequest, payload: LangfusePromptIn) 
             created_via_key=api_key,
         )
         return Status(201, _langfuse_out(version))
-    version = services.prompt_version_create(
-        prompt=prompt,
-        type=payload.type,
-        template=payload.prompt,
-        config=payload.config,
-        commit_message=payload.commitMessage or "",
-        labels=payload.labels,
-        created_via_key=api_key,
-    )
+    with transaction.atomic():
+        version = services.prompt_version_create(
+            prompt=prompt,
+            type=payload.type,
+            template=payload.prompt,
+            config=payload.config,
+            commit_message=payload.commitMessage or "",
+            labels=payload.labels,
+            created_via_key=api_key,
+        )
+        # Langfuse applies `tags` to every version of the prompt: in Keel, tags are the prompt's.
+        if payload.tags is not None:
+            services.prompt_update(prompt=version.prompt, tags=payload.tags)
     return Status(201, _langfuse_out(version))

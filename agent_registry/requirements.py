@@ -12,6 +12,7 @@ the latency classes), the number is a named constant below.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator, Sequence
 from decimal import Decimal
@@ -277,7 +278,8 @@ class ParetoPosition(Strict):
 class Metric(Strict):
     name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
     description: ShortText = ""
-    target: float
+    # NaN and infinity are no targets, and PostgreSQL's JSON cannot hold them.
+    target: float = Field(allow_inf_nan=False)
     comparator: Comparator = Comparator.AT_LEAST
 
 
@@ -308,9 +310,11 @@ class EscalationRule(Strict):
     def _value_fits_trigger(self) -> EscalationRule:
         if self.trigger in (EscalationTrigger.AMOUNT_OVER, EscalationTrigger.LOW_CONFIDENCE):
             try:
-                float(self.value)
+                finite = math.isfinite(float(self.value))
             except ValueError:
-                raise ValueError(f"value must be a number for trigger {self.trigger.value}") from None
+                finite = False
+            if not finite:
+                raise ValueError(f"value must be a number for trigger {self.trigger.value}")
         if not self.value:
             raise ValueError("value must not be empty")
         return self

@@ -395,6 +395,8 @@ def prompt_create(
     _template_check(type, template, dict(config or {}))
     for label in labels:
         _label_check(label)
+    # The column's varchar(64) would silently cut a longer tag: refuse it, as prompt_update does.
+    cleaned_tags = _tags_clean(tags)
     try:
         with transaction.atomic():
             prompt = Prompt.objects.create(
@@ -402,7 +404,7 @@ def prompt_create(
                 agent=agent,
                 name=name,
                 description=description,
-                tags=sorted(set(tags)),
+                tags=cleaned_tags,
             )
     except IntegrityError:
         raise exceptions.PromptNameTaken(f"a prompt named {name!r} already exists in this workspace") from None

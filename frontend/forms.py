@@ -468,7 +468,7 @@ def _row_indices(data: Mapping[str, Sequence[str]], rows: RowsSpec) -> list[int]
         if not name.startswith(prefix):
             continue
         index, _, key = name[len(prefix) :].partition(".")
-        if index.isdigit() and key in keys:
+        if index.isascii() and index.isdigit() and key in keys:
             indices.add(int(index))
     return sorted(indices)
 
@@ -890,7 +890,7 @@ def render_input_parse(query: Mapping[str, str]) -> RenderInput:
     A blank variable counts as not given, so rendering names it as missing."""
     errors: dict[str, str] = {}
     version_text = query.get("version", "").strip()
-    version = int(version_text) if version_text.isdigit() else None
+    version = int(version_text) if version_text.isascii() and version_text.isdigit() else None
     variables = {
         key.removeprefix("var."): value for key, value in query.items() if key.startswith("var.") and value != ""
     }
@@ -954,6 +954,9 @@ class ApiKeyCreateForm(forms.Form):
         expires_on: date | None = self.cleaned_data.get("expires_on")
         if expires_on is not None and expires_on < timezone.now().date():
             raise forms.ValidationError("The expiry date is in the past.")
+        if expires_on == date.max:
+            # The key stops at the end of the day, which is past the last date a datetime can hold.
+            raise forms.ValidationError("Choose an earlier expiry date.")
         return expires_on
 
     def expires_at(self) -> datetime | None:

@@ -228,3 +228,25 @@ def test_an_expiring_key_cannot_create_a_key_that_outlives_it(workspace, registr
         content_type="application/json",
     )
     assert sooner.status_code == 201
+
+
+def test_a_key_that_would_expire_in_the_past_is_422_and_not_created(
+    workspace, registry, api_client_for, registry_state
+):
+    # It was created (201) and shown once, and never worked.
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    client = api_client_for(workspace)
+    before = registry_state()
+
+    response = client.post(
+        "/api/v1/keys",
+        data={"name": "dead", "scopes": ["read"], "expires_at": (timezone.now() - timedelta(days=1)).isoformat()},
+        content_type="application/json",
+    )
+
+    assert response.status_code == 422
+    assert response.json()["errors"] == [{"field": "expires_at", "message": "in the past"}]
+    assert registry_state() == before

@@ -115,6 +115,36 @@ def test_create_a_version_of_an_existing_prompt(workspace, registry):
     assert PromptVersion.objects.get(prompt=registry.system_prompt, version=3).commit_message == "from langfuse"
 
 
+def test_create_with_tags_sets_the_tags_of_an_existing_prompt(workspace, registry):
+    # Langfuse's `tags`: "List of tags to apply to all versions of this prompt"; they were ignored.
+    writer = _basic(services.apikey_create(workspace=workspace, name="sdk", scopes=["read", "write"])[1])
+
+    response = writer.post(
+        "/api/public/v2/prompts",
+        data={"name": "ride-support/system", "type": "text", "prompt": "v3", "labels": [], "tags": ["rides", "v3"]},
+        content_type="application/json",
+    )
+
+    assert response.status_code == 201
+    assert response.json()["tags"] == ["rides", "v3"]
+    assert Prompt.objects.get(pk=registry.system_prompt.pk).tags == ["rides", "v3"]
+
+
+def test_create_with_a_bad_tag_adds_no_version(workspace, registry, registry_state):
+    writer = _basic(services.apikey_create(workspace=workspace, name="sdk", scopes=["read", "write"])[1])
+    before = registry_state()
+
+    response = writer.post(
+        "/api/public/v2/prompts",
+        data={"name": "ride-support/system", "type": "text", "prompt": "v3", "labels": [], "tags": ["x" * 65]},
+        content_type="application/json",
+    )
+
+    assert response.status_code == 422
+    assert response.json()["code"] == "prompt_invalid"
+    assert registry_state() == before
+
+
 def test_a_new_prompt_needs_a_key_limited_to_exactly_one_agent(workspace, registry, registry_state):
     unlimited = _basic(services.apikey_create(workspace=workspace, name="all", scopes=["write"])[1])
     two_agents = _basic(

@@ -452,6 +452,22 @@ def test_prompt_update_with_a_tag_too_long_is_422(workspace, registry, api_clien
     assert registry_state() == before
 
 
+def test_prompt_create_with_a_tag_too_long_is_422_not_cut_short(workspace, registry, api_client_for, registry_state):
+    client = api_client_for(workspace)
+    before = registry_state()
+
+    response = client.post(
+        "/api/v1/prompts",
+        data={"agent": "support", "name": "ride-support/tagged", "template": "Hi", "tags": ["x" * 65]},
+        content_type="application/json",
+    )
+
+    assert response.status_code == 422
+    assert response.json()["code"] == "prompt_invalid"
+    assert response.json()["errors"] == [{"field": "tags", "message": "at most 64 characters each"}]
+    assert registry_state() == before
+
+
 def test_prompt_delete_takes_versions_labels_and_history(workspace, registry, api_client_for):
     client = api_client_for(workspace)
     assert client.delete("/api/v1/prompts/ride-support/system/labels/production").status_code == 204

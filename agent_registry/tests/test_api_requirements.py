@@ -117,6 +117,47 @@ def test_invalid_requirements_are_422_with_the_field_and_save_no_version(
     assert registry_state() == before
 
 
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        (
+            {"evaluation.output_metrics": [{"name": "resolution_rate", "target": "NaN"}]},
+            "evaluation.output_metrics.0.target",
+        ),
+        (
+            {"evaluation.output_metrics": [{"name": "resolution_rate", "target": "Infinity"}]},
+            "evaluation.output_metrics.0.target",
+        ),
+        (
+            {"routing.escalation_rules": [{"trigger": "amount_over", "value": "NaN", "to_tier": "human"}]},
+            "routing.escalation_rules.0",
+        ),
+        (
+            {"routing.escalation_rules": [{"trigger": "amount_over", "value": "inf", "to_tier": "human"}]},
+            "routing.escalation_rules.0",
+        ),
+    ],
+)
+def test_a_number_that_is_not_finite_is_422_naming_the_field(
+    workspace, registry, api_client_for, registry_state, changes, field
+):
+    # A NaN target got past validation and failed in PostgreSQL's JSON (400, no field); a NaN amount was
+    # saved, and an amount rule comparing with it never fires.
+    client = api_client_for(workspace)
+    before = registry_state()
+
+    response = client.post(
+        "/api/v1/agents/support/requirements",
+        data={"answers": requirements_answers(**changes)},
+        content_type="application/json",
+    )
+
+    assert response.status_code == 422
+    assert response.json()["code"] == "requirements_invalid"
+    assert [error["field"] for error in response.json()["errors"]] == [field]
+    assert registry_state() == before
+
+
 def test_an_unknown_enum_is_422_and_saves_no_version(workspace, registry, api_client_for, registry_state):
     client = api_client_for(workspace)
     before = registry_state()

@@ -167,6 +167,21 @@ def test_the_prompt_page_diffs_two_versions(tenant, member_client):
     assert '<span class="diff-line diff-del">-Hello {{name}}, you asked about {{topic}}.</span>' in content
 
 
+def test_the_prompt_page_with_a_version_that_is_a_digit_but_no_number_shows_no_diff(tenant, member_client):
+    # str.isdigit() takes '²', which int() refuses: it was a 500.
+    response = member_client.get(_prompt_url(tenant, "?from=²&to=2"))
+
+    assert response.status_code == 200
+    assert response.context["diff"] is None
+
+
+def test_try_it_with_a_version_that_is_a_digit_but_no_number_uses_the_default(tenant, member_client):
+    response = member_client.get(_prompt_url(tenant, "render/?version=²&var.name=Ada&var.topic=refunds"))
+
+    assert response.status_code == 200
+    assert response.context["output"] == "Hello Ada, you asked about refunds."
+
+
 def test_the_prompt_page_shows_versions_labels_and_history(tenant, member_client):
     response = member_client.get(_prompt_url(tenant))
 

@@ -160,6 +160,30 @@ def test_history_with_unknown_versions_shows_no_diff(tenant, member_client):
     assert response.context["changes"] is None
 
 
+@pytest.mark.parametrize("number", ["²", "١"])
+def test_history_with_a_version_that_is_a_digit_but_no_number_shows_no_diff(tenant, member_client, number):
+    # str.isdigit() takes '²' and the Arabic-Indic '١', which int() refuses: it was a 500.
+    response = member_client.get(_url(tenant, f"history/?a={number}&b=2"))
+
+    assert response.status_code == 200
+    assert response.context["changes"] is None
+
+
+def test_a_posted_row_whose_index_is_no_number_is_ignored(tenant, member_client):
+    before = db_state()
+
+    response = member_client.post(
+        _url(tenant), {**_posted(**{"error_surface.actions.².name": ["refund"]}), "message": "x"}
+    )
+
+    assert response.status_code == 302
+    assert db_state() != before
+    saved = RequirementsVersion.objects.filter(agent=tenant.agent).order_by("-version").first()
+    assert saved is not None
+    posted = requirements.Requirements.model_validate(requirements_answers()).to_json()
+    assert saved.answers["error_surface"]["actions"] == posted["error_surface"]["actions"]
+
+
 def test_activating_an_old_version_rolls_back(tenant, member_client):
     response = member_client.post(_url(tenant, "1/activate/"), follow=True)
 
