@@ -414,6 +414,7 @@ JOB_FIELDS: Final = {
     "method": "method",
     "base_model": "base_model",
     "serve.model": "serve_model",
+    "serve.api_base": "serve_api_base",
     "config.steps": "steps",
     "config.learning_rate": "learning_rate",
     "config.lora_r": "lora_r",

@@ -92,7 +92,7 @@ TIMEOUT_SECONDS_MAX: Final = 600.0
 API_BASE_MAX_LENGTH: Final = 500
 
 
-def _api_base_error(api_base: str) -> str | None:
+def api_base_error(api_base: str) -> str | None:
     """What is wrong with an API base (None: nothing). Not Django's URLValidator: it wants a top-level
     domain, and a model server is often reached by a bare host name, such as a Compose service's
     (`http://ollama:11434`, `http://vllm:8000/v1`). litellm speaks HTTP to it, so http(s) only."""
@@ -183,9 +183,9 @@ def _model_target_apply(target: ModelTarget, fields: Mapping[str, Any], prefix: 
         errors.append(
             {"field": f"{prefix}api_key", "message": 'enter the key again (or "" for none) to send it somewhere new'}
         )
-    api_base_error = _api_base_error(target.api_base)
-    if api_base_error:
-        errors.append({"field": f"{prefix}api_base", "message": api_base_error})
+    api_base_problem = api_base_error(target.api_base)
+    if api_base_problem:
+        errors.append({"field": f"{prefix}api_base", "message": api_base_problem})
     try:
         # Uniqueness and the fallbacks are checked against the database by the callers; the API base above.
         target.full_clean(

@@ -27,6 +27,7 @@ trajectory has.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -70,7 +71,7 @@ class CurationInvalid(ValueError):
 
 
 def _strings(problems: list[dict[str, str]], name: str, value: object) -> None:
-    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+    if not _non_empty_strings(value):
         problems.append({"field": name, "message": "must be a list of non-empty strings"})
 
 
@@ -95,23 +96,45 @@ def query_problems(query: object) -> list[dict[str, str]]:
             _time(problems, name, value)
         elif key == "status" and value not in ("ok", "error"):
             problems.append({"field": name, "message": "must be ok or error"})
-        elif key == "runs" and (
-            not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value)
-        ):
+        elif key == "runs" and (not isinstance(value, list) or not all(_integer(i) for i in value)):
             problems.append({"field": name, "message": "must be a list of run ids"})
         elif key == "scores":
             if not isinstance(value, list) or not all(
-                isinstance(item, Mapping) and isinstance(item.get("name"), str) for item in value
+                isinstance(item, Mapping)
+                and isinstance(item.get("name"), str)
+                and all(_number_or_none(item.get(bound)) for bound in ("min", "max"))
+                for item in value
             ):
-                problems.append({"field": name, "message": 'must be a list of {"name", "min"?, "max"?}'})
-        elif key == "review" and not isinstance(value, Mapping):
-            problems.append({"field": name, "message": 'must be {"informative"?, "failure_modes"?}'})
+                problems.append({"field": name, "message": 'must be a list of {"name", "min"?, "max"?} (numbers)'})
+        elif key == "review" and not (
+            isinstance(value, Mapping)
+            and isinstance(value.get("informative"), bool | None)
+            and (value.get("failure_modes") is None or _non_empty_strings(value["failure_modes"]))
+        ):
+            problems.append({"field": name, "message": 'must be {"informative"?: bool, "failure_modes"?: [...]}'})
         elif key == "prompt_versions" and (
             not isinstance(value, list)
-            or not all(isinstance(item, Mapping) and isinstance(item.get("prompt"), str) for item in value)
+            or not all(
+                isinstance(item, Mapping)
+                and isinstance(item.get("prompt"), str)
+                and (item.get("version") is None or _integer(item["version"]))
+                for item in value
+            )
         ):
-            problems.append({"field": name, "message": 'must be a list of {"prompt", "version"?}'})
+            problems.append({"field": name, "message": 'must be a list of {"prompt", "version"?: integer}'})
     return problems
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number_or_none(value: object) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value))
+
+
+def _non_empty_strings(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) and item for item in value)
 
 
 def _reward_part_problems(reward: object, name: str, *, in_mix: bool = False) -> list[dict[str, str]]:

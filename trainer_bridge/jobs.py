@@ -70,6 +70,25 @@ def _config_problems(method: str, config: Mapping[str, Any]) -> list[dict[str, s
     return []
 
 
+def _serve_problems(serve: Mapping[str, Any]) -> list[dict[str, str]]:
+    """What would keep `_register` from making the model target once the job has trained: refused now, not
+    after hours of training, when the worker's `finish` would get a 422 and the job could never succeed.
+    The same rules as routing's model targets."""
+    from routing import services as routing_services
+    from routing.models import ModelTarget
+
+    problems = []
+    model = serve.get("model")
+    longest = ModelTarget._meta.get_field("model").max_length or 0
+    if not isinstance(model, str) or not model.strip() or len(model.strip()) > longest:
+        problems.append({"field": "serve.model", "message": "the litellm model string that will serve the adapter"})
+    api_base = serve.get("api_base") or ""
+    problem = routing_services.api_base_error(api_base) if isinstance(api_base, str) else "must be a string"
+    if problem:
+        problems.append({"field": "serve.api_base", "message": problem})
+    return problems
+
+
 @transaction.atomic
 def job_create(
     *,
@@ -111,8 +130,8 @@ def job_create(
         problems.append({"field": "base_model", "message": "name the base model (a path or hub id the GPU has)"})
     if not 30 <= lease_seconds <= 24 * 3600:
         problems.append({"field": "lease_seconds", "message": "30 seconds to a day"})
-    if serve is not None and not isinstance(serve.get("model"), str):
-        problems.append({"field": "serve.model", "message": "the litellm model string that will serve the adapter"})
+    if serve is not None:
+        problems += _serve_problems(serve)
     if problems:
         raise JobInvalid(f"invalid training job: {problems[0]['field']}: {problems[0]['message']}", errors=problems)
     job = TrainingJob.objects.create(

@@ -404,6 +404,22 @@ def test_a_bad_job_is_refused_beside_its_fields_and_nothing_is_made(gateway: Any
     assert not TrainingJob.objects.exists()
 
 
+def test_a_job_served_from_an_api_base_that_is_not_http_is_refused_beside_that_field(gateway: Any, run: Run) -> None:
+    # Django's URLField takes ftp://; the model target it would become refuses it, at the worker's finish.
+    export = _finished(_curation(gateway, run))
+    client = _client(gateway.workspace)
+    fields = {"export": str(export.pk), "base_model": "tiny", "steps": "5", "learning_rate": "0.001", "lora_r": "8"}
+
+    response = client.post(
+        f"/w/{gateway.workspace.slug}/training/jobs/new/",
+        {**fields, "method": "grpo", "serve_model": "hosted_vllm/a", "serve_api_base": "ftp://models.example.com/v1"},
+    )
+
+    assert response.status_code == 422
+    assert "an http(s) URL with a host" in response.context["form"].errors["serve_api_base"][0]
+    assert not TrainingJob.objects.exists()
+
+
 def _job_with_a_history(gateway: Any, run: Run) -> TrainingJob:
     """A GRPO job a worker trained: reward up while the validation score fell (flagged), its adapter, and on
     success the model target with a comparison run against the suite's incumbent (`run`)."""

@@ -166,3 +166,23 @@ def test_a_bad_curation_names_the_field(gateway: Gateway) -> None:
     fields = [error["field"] for error in caught.value.extra["errors"]]
     assert "query.colour" in fields
     assert "reward.name" in fields
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ({"scores": [{"name": "helpful", "min": "high"}]}, "query.scores"),
+        ({"scores": [{"name": "helpful", "max": [1]}]}, "query.scores"),
+        ({"prompt_versions": [{"prompt": "support/system", "version": "two"}]}, "query.prompt_versions"),
+        ({"review": {"failure_modes": "wrong_tool"}}, "query.review"),
+        ({"review": {"informative": "false"}}, "query.review"),
+    ],
+)
+def test_a_query_value_of_the_wrong_type_is_refused_before_it_reaches_the_database(
+    gateway: Gateway, query: dict[str, Any], field: str
+) -> None:
+    # These went through to the ORM: a 500 on preview and export, or a string read as a list of characters.
+    with pytest.raises(services.CurationInvalid) as caught:
+        services.curation_validate(query=query, grouping="auto", reward={"source": "trajectory"}, filters={})
+
+    assert [error["field"] for error in caught.value.extra["errors"]] == [field]

@@ -167,6 +167,42 @@ def test_a_job_on_the_wrong_export_format_is_refused(gateway: Any, run: Any) -> 
     assert bad_config.value.extra["errors"][0]["field"].startswith("config.")
 
 
+@pytest.mark.parametrize(
+    ("serve", "field"),
+    [
+        ({"model": ""}, "serve.model"),
+        ({"model": "   "}, "serve.model"),
+        ({"model": "hosted_vllm/" + "a" * 300}, "serve.model"),
+        ({"model": "hosted_vllm/adapter", "api_base": "not a url"}, "serve.api_base"),
+        ({"model": "hosted_vllm/adapter", "api_base": "ftp://models.example.com/v1"}, "serve.api_base"),
+        ({"model": "hosted_vllm/adapter", "api_base": "http://vllm:99999/v1"}, "serve.api_base"),
+    ],
+)
+def test_a_job_whose_model_target_could_not_be_registered_is_refused_when_made(
+    gateway: Any, run: Any, serve: dict[str, Any], field: str
+) -> None:
+    # These were accepted, and the worker's `finish` was refused with 422 once it had trained: the job could
+    # never succeed.
+    curation = _curation(gateway, run)
+    export = services.export_create(curation=curation, format="art", dispatch=False)
+    services.export_execute(export_id=export.pk)
+    export.refresh_from_db()
+
+    with pytest.raises(jobs.JobInvalid) as refused:
+        jobs.job_create(export=export, method="grpo", base_model="tiny", serve=serve)
+
+    assert [error["field"] for error in refused.value.extra["errors"]] == [field]
+    assert not TrainingJob.objects.exists()
+    # A bare host name, as a Compose service's, is a valid API base.
+    made = jobs.job_create(
+        export=export,
+        method="grpo",
+        base_model="tiny",
+        serve={"model": "hosted_vllm/a", "api_base": "http://vllm:8000/v1"},
+    )
+    assert made.config["serve"] == {"model": "hosted_vllm/a", "api_base": "http://vllm:8000/v1"}
+
+
 def _held_job(gateway: Any, run: Any) -> tuple[TrainingJob, Any]:
     """A GRPO job on an ART export of the run, claimed by a worker's `train` key: (job, key)."""
     curation = _curation(gateway, run)
