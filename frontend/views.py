@@ -377,7 +377,8 @@ class ChangeView:
 
 
 def _version_number(text: str | None) -> int | None:
-    return int(text) if text and text.isdigit() else None
+    # isdigit() alone takes digits int() refuses, such as '²'.
+    return int(text) if text and text.isascii() and text.isdigit() else None
 
 
 @workspace_view()
@@ -944,7 +945,7 @@ def agent_trajectory_list_view(request: HtmxHttpRequest, membership: Membership,
 
 def _selected_step(raw: str | None, steps: Sequence[display.StepView]) -> display.StepView | None:
     """The step the page opens on: the one in `?step=`, else the first error, else the first step."""
-    if raw is not None and raw.isdigit() and int(raw) < len(steps):
+    if raw is not None and raw.isascii() and raw.isdigit() and int(raw) < len(steps):
         return steps[int(raw)]
     return next((item for item in steps if item.is_error), steps[0] if steps else None)
 

@@ -942,14 +942,19 @@ def week_plan() -> list[Session]:
 
 
 def _system_prompts(workspace: Workspace, agent: AgentSpec) -> dict[int, str]:
-    """The system message each version of the agent's prompt renders to, as the agent would send it."""
+    """The system message each version of the agent's prompt renders to, as the agent would send it. A
+    version someone published since the demo was seeded, with variables the demo does not fill, is left
+    out: seeding again must not fail on it."""
     prompt = registry_selectors.prompt_get(workspace=workspace, name=agent.prompt_name)
     rendered: dict[int, str] = {}
     for version in registry_selectors.prompt_version_list(prompt=prompt):
         template = version.template
         if version.type == PromptType.CHAT and isinstance(template, list):
             template = [item for item in template if item.get("role") == "system"]
-        text = prompts.template_render(template, agent.variables)
+        try:
+            text = prompts.template_render(template, agent.variables)
+        except prompts.MissingVariables:
+            continue
         rendered[version.version] = (
             text if isinstance(text, str) else "\n\n".join(str(message["content"]) for message in text)
         )

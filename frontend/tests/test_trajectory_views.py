@@ -293,6 +293,9 @@ def test_a_step_can_be_chosen_in_the_url(tenant, member_client):
 
     assert response.context["selected"].index == 5
     assert 'id="step-5" data-step="5"' in response.content.decode()
+    # A digit int() does not read (str.isdigit() says yes to '²') opens the default step, not a 500.
+    odd = member_client.get(f"/w/{tenant.workspace.slug}/trajectories/{tenant.trajectory.trace_id}/", {"step": "²"})
+    assert odd.status_code == 200
 
 
 def test_span_content_is_escaped_everywhere(tenant, member_client):

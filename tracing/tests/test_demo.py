@@ -10,6 +10,8 @@ import pytest
 from django.utils import timezone
 
 from agent_registry import demo as registry_demo
+from agent_registry import selectors as registry_selectors
+from agent_registry import services as registry_services
 from agent_registry.models import ApiKey, PromptVersion
 from tracing import demo, selectors
 from tracing.models import IngestBatch, Score, Span, Trajectory
@@ -46,6 +48,22 @@ def test_seeding_twice_adds_nothing(demo_workspace):
         for session in demo.week_plan()
         if session.scenario == "misunderstood" or dict(session.options).get("follow_up")
     )
+
+
+def test_seeding_again_after_someone_published_a_prompt_version_with_a_new_variable(demo_workspace):
+    prompt = registry_selectors.prompt_get(workspace=demo_workspace, name="shopping-assistant/system")
+    latest = prompt.versions.order_by("-version").first()
+    assert latest is not None
+    template = "Hi {{customer_name}}"
+    registry_services.prompt_version_create(
+        prompt=prompt, template=template if latest.type == "text" else [{"role": "system", "content": template}]
+    )
+    first = _counts()
+
+    added = demo.demo_traces_seed(demo_workspace)
+
+    assert added == 0
+    assert _counts() == first
 
 
 def test_the_trajectories_come_through_ingest_with_the_demo_key(demo_workspace):
