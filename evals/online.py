@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -237,6 +237,13 @@ def _rule_problems(*, sample_rate: object, delay_seconds: object, filter: object
     return problems
 
 
+def _evaluator_problems(evaluators_used: Sequence[Evaluator]) -> list[dict[str, str]]:
+    # A pairwise judge compares two answers; a rule has one trajectory to score, so it could never run.
+    if any(evaluator.type in evaluators.PAIRWISE_TYPES for evaluator in evaluators_used):
+        return [{"field": "evaluators", "message": "a pairwise judge compares two runs; it cannot score a trajectory"}]
+    return []
+
+
 @transaction.atomic
 def online_rule_create(
     *,
@@ -255,6 +262,7 @@ def online_rule_create(
         problems.append({"field": "evaluators", "message": "name at least one evaluator"})
     if any(evaluator.workspace_id != agent.workspace_id for evaluator in evaluators_used):
         problems.append({"field": "evaluators", "message": "an evaluator of another workspace"})
+    problems += _evaluator_problems(evaluators_used)
     if OnlineRule.objects.filter(workspace_id=agent.workspace_id, name=name).exists():
         problems.append({"field": "name", "message": "a rule with this name exists"})
     if problems:
@@ -291,6 +299,7 @@ def online_rule_update(*, rule: OnlineRule, **fields: Any) -> OnlineRule:
         delay_seconds=fields.get("delay_seconds", rule.delay_seconds),
         filter=fields.get("filter", rule.filter),
     )
+    problems += _evaluator_problems(fields.get("evaluators_used", ()))
     if problems:
         raise exceptions.OnlineRuleInvalid(f"invalid online rule: {problems[0]['message']}", errors=problems)
     with transaction.atomic():

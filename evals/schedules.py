@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 from django.utils import timezone
 
 from evals import runs
@@ -30,6 +30,13 @@ def cron_error(expression: str) -> str | None:
         return "use five fields: minute hour day-of-month month day-of-week (e.g. '0 2 * * *')"
     if not croniter.is_valid(expression):
         return f"{expression!r} is not a valid cron expression"
+    # Valid fields can still name no date at all ('0 0 31 2 *'): croniter then finds no slot either way,
+    # and the suite could neither be scheduled nor shown.
+    try:
+        croniter(expression, datetime.now(UTC)).get_next(datetime)
+        croniter(expression, datetime.now(UTC)).get_prev(datetime)
+    except CroniterBadDateError:
+        return f"{expression!r} never matches a date"
     return None
 
 

@@ -7,7 +7,7 @@ progress and, once done, its report. `Idempotency-Key` on a run start returns th
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from django.http import HttpRequest, StreamingHttpResponse
@@ -806,11 +806,16 @@ def online_rule_backfill_api(request: HttpRequest, name: str, payload: BackfillI
     from evals import tasks
 
     rule = _rule(request, name)
-    if payload.end <= payload.start:
+    # A time without an offset is UTC, as everywhere in Keel; comparing it with one that has an offset
+    # would raise.
+    start_at, end_at = (
+        moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment for moment in (payload.start, payload.end)
+    )
+    if end_at <= start_at:
         raise ValidationFailed("end must be after start", errors=[{"field": "end", "message": "not after start"}])
-    start, end = payload.start.isoformat(), payload.end.isoformat()
+    start, end = start_at.isoformat(), end_at.isoformat()
     transaction.on_commit(lambda: tasks.online_rule_backfill.delay(rule.pk, start, end))
-    return Status(202, {"rule": rule.name, "start": payload.start, "end": payload.end, "queued": True})
+    return Status(202, {"rule": rule.name, "start": start_at, "end": end_at, "queued": True})
 
 
 # --- Regressions ----------------------------------------------------------------------------------------

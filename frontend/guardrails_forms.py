@@ -12,6 +12,8 @@ from typing import Any
 from django import forms
 
 from agent_registry.models import Agent, ApiKey
+from config.errors import InvalidJson
+from config.json_body import json_loads_storable
 from guardrails import policy
 from guardrails.models import BudgetPeriod, BudgetScope
 
@@ -36,10 +38,19 @@ class GuardrailPolicyForm(forms.Form):
         super().__init__(*args, **kwargs)
 
     def clean_document(self) -> dict[str, Any]:
+        text = self.cleaned_data["document"]
         try:
-            value = json.loads(self.cleaned_data["document"])
+            value = json.loads(text)
         except json.JSONDecodeError as error:
             raise forms.ValidationError(f"Not JSON: {error.msg} (line {error.lineno}).") from None
+        except RecursionError:
+            raise forms.ValidationError("Not JSON Keel can store: nested too deeply.") from None
+        try:
+            # What the API refuses too: NaN, Infinity, NUL characters and lone surrogates, which PostgreSQL
+            # then refused mid-write (a 500).
+            json_loads_storable(text)
+        except InvalidJson as error:
+            raise forms.ValidationError(f"Not JSON Keel can store: it {error.detail}.") from None
         if not isinstance(value, dict):
             raise forms.ValidationError("A JSON object is needed.")
         return value
@@ -72,7 +83,7 @@ class BudgetForm(forms.Form):
     limit_usd = forms.DecimalField(
         required=False, min_value=Decimal(0), max_digits=14, decimal_places=6, label="Limit, USD"
     )
-    limit_tokens = forms.IntegerField(required=False, min_value=0, label="Limit, tokens")
+    limit_tokens = forms.IntegerField(required=False, min_value=0, max_value=2**63 - 1, label="Limit, tokens")
     soft_limit_percent = forms.FloatField(
         required=False,
         min_value=1,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import jsonschema
 from django.http import HttpRequest
 from ninja import Query, Router, Schema, Status
 from ninja.security import HttpBearer
@@ -116,6 +117,36 @@ def _content_text(content: Any) -> str:
     return text
 
 
+def _context_check(context: dict[str, Any]) -> None:
+    """Refuse a context whose known keys have the wrong shape: ignored, they would silently turn a check
+    off (a canary that is not text, say) and the content would pass as allowed."""
+    problems = [
+        {"field": f"context.{key}", "message": "must be text"}
+        for key in ("system_prompt", "canary", "prompt_name")
+        if context.get(key) is not None and not isinstance(context[key], str)
+    ]
+    version = context.get("prompt_version")
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+        problems.append({"field": "context.prompt_version", "message": "must be a whole number"})
+    topics = context.get("allowed_topics")
+    if topics is not None and (not isinstance(topics, list) or not all(isinstance(topic, str) for topic in topics)):
+        problems.append({"field": "context.allowed_topics", "message": "must be a list of strings"})
+    schema = context.get("json_schema")
+    if schema is not None:
+        if not isinstance(schema, dict):
+            problems.append({"field": "context.json_schema", "message": "must be a JSON Schema object"})
+        else:
+            try:
+                jsonschema.validators.validator_for(schema).check_schema(schema)
+            except jsonschema.SchemaError as error:
+                problems.append(
+                    {"field": "context.json_schema", "message": f"is not a valid JSON Schema: {error.message}"}
+                )
+    if problems:
+        summary = "; ".join(f"{item['field']}: {item['message']}" for item in problems)
+        raise ValidationFailed(f"invalid context: {summary}", errors=problems)
+
+
 def _schema_body(schema: type[Schema]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema.model_json_schema()}}}}
 
@@ -131,10 +162,12 @@ def _schema_body(schema: type[Schema]) -> dict[str, Any]:
 )
 def guardrail_check_api(request: HttpRequest) -> Any:
     """Check content against the agent's policy for one layer. An unknown layer is 422, an unknown agent
-    404, content over 200,000 characters 413, binary content 400; invalid JSON for a JSON-schema check
-    is a violation of `output_handling`, not an error."""
+    404, content over 200,000 characters 413, binary content 400, a context key of the wrong shape (a
+    json_schema that is not a valid JSON Schema, say) 422; content that is not valid JSON for a JSON-schema
+    check is a violation of `output_handling`, not an error."""
     payload: CheckIn = _body(request, CheckIn)
     _content_text(payload.content)
+    _context_check(payload.context)
     agent = _agent(request, payload.agent)
     outcome = services.guardrail_evaluate(
         agent=agent,

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from agent_registry.requirements import PiiHandling, Requirements, derived_configuration
 from guardrails.interface import Action, Layer
+from guardrails.pii import PII_KINDS
 
 # Most severe first: when several checks hit, the first of these among their actions wins.
 SEVERITY: tuple[Action, ...] = (Action.BLOCK, Action.REQUIRE_APPROVAL, Action.REDACT, Action.FLAG, Action.ALLOW)
@@ -240,8 +241,15 @@ def default_policy(requirements: Requirements | None) -> PolicyDocument:
 
 
 def policy_errors(document: PolicyDocument, requirements: Requirements | None) -> list[dict[str, str]]:
-    """Why a policy may not be saved: [{"field", "message"}]; empty when it keeps every mandatory check."""
+    """Why a policy may not be saved: [{"field", "message"}]; empty when it keeps every mandatory check and
+    names only PII kinds the check knows."""
     errors: list[dict[str, str]] = []
+    # The PII check looks for the kinds named and no others: an unknown name alone would find nothing.
+    unknown = sorted(set(document.pii_kinds or ()) - set(PII_KINDS))
+    if unknown:
+        errors.append(
+            {"field": "pii_kinds", "message": f"unknown: {', '.join(unknown)}; the kinds are {', '.join(PII_KINDS)}"}
+        )
     by_pair = {(rule.check, rule.layer): rule for rule in document.checks}
     for item in mandatory_checks(requirements):
         rule = by_pair.get((item.check, item.layer))

@@ -86,6 +86,22 @@ def test_a_bad_cron_expression_is_refused_naming_the_field(gateway: Gateway, fak
     assert suite.schedule_enabled is False
 
 
+@pytest.mark.parametrize("expression", ["0 0 31 2 *", "0 0 30 2 *", "15 4 31 4,6,9,11 *"])
+def test_a_cron_expression_that_names_no_date_is_refused(
+    gateway: Gateway, fake: FakeGatewayLLM, expression: str
+) -> None:
+    # Each field is valid, but no month has that day: croniter finds no slot, which was a 500.
+    assert schedules.cron_error(expression) == f"{expression!r} never matches a date"
+    suite = _suite(gateway, samples=1)
+    with pytest.raises(exceptions.SuiteInvalid) as caught:
+        services.suite_update(suite=suite, schedule_cron=expression, schedule_enabled=True)
+    assert caught.value.extra["errors"] == [
+        {"field": "schedule_cron", "message": f"{expression!r} never matches a date"}
+    ]
+    suite.refresh_from_db()
+    assert (suite.schedule_cron, suite.schedule_enabled) == ("", False)
+
+
 # --- Online rules ---------------------------------------------------------------------------------------
 
 

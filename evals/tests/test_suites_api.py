@@ -259,6 +259,53 @@ def test_online_rules_through_the_api(client: Client, gateway: Gateway) -> None:
     assert queued.status_code == 202
 
 
+def test_a_backfill_range_without_an_offset_is_utc(
+    client: Client, gateway: Gateway, django_capture_on_commit_callbacks: Any
+) -> None:
+    post(client, "/api/v1/evaluators", {"name": "says_ok", "config": {"type": "regex", "pattern": "ok"}})
+    post(client, "/api/v1/online-rules", {"name": "live", "agent": "ride-support", "evaluators": ["says_ok"]})
+    with (
+        mock.patch("evals.tasks.online_rule_backfill.delay") as delay,
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        # One end with an offset and one without could not be compared: a 500.
+        queued = post(
+            client,
+            "/api/v1/online-rules/live/backfill",
+            {"start": "2026-11-01T00:00:00", "end": "2026-11-02T00:00:00Z"},
+        )
+        backwards = post(
+            client,
+            "/api/v1/online-rules/live/backfill",
+            {"start": "2026-11-02T00:00:00Z", "end": "2026-11-01T00:00:00"},
+        )
+    assert queued.status_code == 202, queued.content
+    assert (queued.json()["start"], queued.json()["end"]) == ("2026-11-01T00:00:00Z", "2026-11-02T00:00:00Z")
+    assert (backwards.status_code, backwards.json()["errors"]) == (
+        422,
+        [{"field": "end", "message": "not after start"}],
+    )
+    rule_id = OnlineRule.objects.get(name="live").pk
+    assert delay.call_args_list == [mock.call(rule_id, "2026-11-01T00:00:00+00:00", "2026-11-02T00:00:00+00:00")]
+
+
+def test_an_online_rule_refuses_a_pairwise_judge(client: Client, gateway: Gateway) -> None:
+    post(client, "/api/v1/evaluators", {"name": "says_ok", "config": {"type": "regex", "pattern": "ok"}})
+    post(client, "/api/v1/evaluators", {"name": "which", "config": {"type": "pairwise_judge", "rubric": "Better?"}})
+    post(client, "/api/v1/online-rules", {"name": "live", "agent": "ride-support", "evaluators": ["says_ok"]})
+    before = state()
+    created = post(client, "/api/v1/online-rules", {"name": "pairs", "agent": "ride-support", "evaluators": ["which"]})
+    changed = patch(client, "/api/v1/online-rules/live", {"evaluators": ["says_ok", "which"]})
+    for response in (created, changed):
+        assert (response.status_code, response.json()["code"], response.json()["errors"]) == (
+            422,
+            "online_rule_invalid",
+            [{"field": "evaluators", "message": "a pairwise judge compares two runs; it cannot score a trajectory"}],
+        )
+    assert state() == before
+    assert list(OnlineRule.objects.get(name="live").evaluators.values_list("name", flat=True)) == ["says_ok"]
+
+
 def test_a_proposal_makes_suites_from_the_commitment(client: Client, gateway: Gateway) -> None:
     response = post(client, "/api/v1/suites/propose", {"agent": "ride-support"})
     assert response.status_code == 201, response.content

@@ -276,6 +276,12 @@ def test_a_member_creates_a_suite_with_evaluators_and_a_schedule(gateway, member
         ({"name": "no spaces please"}, "name", "Use letters, digits"),
         ({"name": "answers"}, "name", "a suite with this name exists"),
         ({"dataset": "not-ours"}, "dataset", "Select a valid choice"),
+        # Valid fields, but no date ever matches: croniter found no slot, which was a 500.
+        ({"schedule_cron": "0 0 31 2 *", "schedule_enabled": "on"}, "schedule_cron", "never matches a date"),
+        # Three more 500s: PostgreSQL refused the NUL and the NaN mid-write, and deep nesting overflowed the stack.
+        ({"variables": '{"company": "Acme\\u0000"}'}, "variables", "it holds a NUL character"),
+        ({"variables": '{"discount": NaN}'}, "variables", "Not JSON Keel can store: it is not valid JSON"),
+        ({"variables": "[" * 100_000}, "variables", "Not JSON Keel can store: nested too deeply."),
     ],
 )
 def test_a_bad_suite_is_shown_beside_its_field_and_changes_nothing(gateway, member, suite, changes, field, message):
@@ -375,6 +381,9 @@ def test_the_run_page_reports_pass_at_k_and_highlights_the_worst_group_of_each_t
     assert '<tr data-group="refunds">' in content
     assert "small group</span>" in content  # two items a group, below the threshold
     assert "data-progress-url" not in content  # a finished run is not polled
+    # The pause box was rendered `hidden` for every run, and .alert's display:flex showed it anyway.
+    assert "data-pause" not in content
+    assert "Paused:" not in content
 
 
 def test_each_sample_links_to_the_trajectory_that_produced_it(gateway, member, completed):
@@ -453,6 +462,7 @@ def test_a_paused_run_shows_its_reason_and_a_member_resumes_it(
     page = member.get(f"/w/{gateway.workspace.slug}/evals/runs/{queued.pk}/")
     content = page.content.decode()
     assert "fast: connection refused" in content
+    assert "<strong>Paused:</strong>" in content
     assert "Resume</button>" in content
     assert "data-progress-url" not in content  # a paused run waits: no polling
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
@@ -580,11 +590,16 @@ def test_a_member_adds_an_online_rule_and_the_list_shows_its_summary(gateway, me
         ({"filter": '{"colour": "red"}'}, "filter", "filter.colour: unknown"),
         ({"sample_rate": "1.5"}, "sample_rate", "less than or equal to 1"),
         ({"evaluators": []}, "evaluators", "This field is required."),
+        ({"evaluators": ["which"]}, "evaluators", "a pairwise judge compares two runs; it cannot score a trajectory"),
+        ({"filter": '{"tags": ["refund\\u0000"]}'}, "filter", "it holds a NUL character"),
     ],
 )
 def test_a_bad_online_rule_is_shown_beside_its_field_and_changes_nothing(
     gateway, member, suite, changes, field, message
 ):
+    services.evaluator_create(
+        workspace=gateway.workspace, name="which", config={"type": "pairwise_judge", "rubric": "Which is better?"}
+    )
     before = _evals_state()
 
     response = member.post(f"/w/{gateway.workspace.slug}/evals/online-rules/", _rule_post(**changes))

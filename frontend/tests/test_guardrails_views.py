@@ -83,6 +83,26 @@ def test_a_policy_that_is_not_json_or_breaks_the_schema_saves_nothing(tenant, me
     assert db_state() == before
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[" * 100_000, "Not JSON Keel can store: nested too deeply."),
+        ('{"allowed_topics": ["rides\\u0000"]}', "it holds a NUL character"),
+        ('{"allowed_topics": ["rides"], "pseudonymize": NaN}', "Not JSON Keel can store: it is not valid JSON"),
+    ],
+)
+def test_a_policy_json_that_cannot_be_stored_is_refused_beside_the_field(tenant, member_client, text, message):
+    # The first two were 500s (a RecursionError; PostgreSQL refusing the NUL mid-write); the API refuses all three.
+    url = page_urls(tenant)["agent_guardrails"]
+    before = db_state()
+
+    response = member_client.post(url, {"document": text})
+
+    assert response.status_code == 422
+    assert message in " ".join(response.context["form"].errors["document"])
+    assert db_state() == before
+
+
 def test_a_saved_policy_is_shown_as_saved_and_rotating_changes_the_canary(tenant, member_client):
     url = page_urls(tenant)["agent_guardrails"]
     document = _document(tenant)
@@ -272,6 +292,20 @@ def test_a_budget_is_created_refused_when_it_exists_and_deleted(tenant, member_c
     assert unchanged == before
     assert deleted.status_code == 302
     assert not Budget.objects.filter(pk=budget.pk).exists()
+
+
+def test_a_token_limit_past_what_the_database_holds_is_refused_beside_the_field(tenant, member_client):
+    url = page_urls(tenant)["guardrail_budget_list"]
+    before = db_state()
+
+    # The model's own check raised past the form: a 500.
+    response = member_client.post(url, {"scope": "workspace", "period": "day", "limit_tokens": str(2**63)})
+
+    assert response.status_code == 422
+    assert response.context["form"].errors["limit_tokens"] == [
+        "Ensure this value is less than or equal to 9223372036854775807."
+    ]
+    assert db_state() == before
 
 
 def test_the_nav_counts_tool_calls_waiting_for_approval(tenant, member_client):

@@ -143,6 +143,34 @@ def test_check_bad_input_is_a_4xx_and_records_nothing(client, agent, body, statu
 
 
 @pytest.mark.parametrize(
+    ("context", "field", "message"),
+    [
+        ({"json_schema": {"type": "bogus"}}, "context.json_schema", "is not a valid JSON Schema: "),
+        ({"json_schema": "object"}, "context.json_schema", "must be a JSON Schema object"),
+        ({"canary": 5}, "context.canary", "must be text"),
+        ({"system_prompt": ["You are a bot"]}, "context.system_prompt", "must be text"),
+        ({"prompt_name": "support", "prompt_version": "2"}, "context.prompt_version", "must be a whole number"),
+        ({"allowed_topics": "rides"}, "context.allowed_topics", "must be a list of strings"),
+    ],
+)
+def test_check_a_context_of_the_wrong_shape_is_422_and_records_nothing(client, agent, context, field, message):
+    # Ignored, such a context turned its check off and the content passed; a broken schema became a
+    # violation carrying the schema error.
+    before = guard_state()
+
+    response = post(
+        client,
+        "/api/v1/guardrails/check",
+        {"agent": "ride-support", "layer": "output", "content": '{"refund": 1}', "context": context},
+    )
+
+    assert (response.status_code, response.json()["code"]) == (422, "validation_error")
+    assert [error["field"] for error in response.json()["errors"]] == [field]
+    assert response.json()["errors"][0]["message"].startswith(message)
+    assert guard_state() == before
+
+
+@pytest.mark.parametrize(
     ("data", "status", "code"),
     [
         (b'{"agent": "ride-support", "layer": "input", "content": "caf\xe9"}', 400, "content_not_text"),
@@ -302,6 +330,32 @@ def test_policy_put_saves_and_refuses_dropping_a_mandatory_check(client, agent):
         }
     ]
     assert guard_state() == before
+
+
+def test_policy_put_refuses_an_unknown_pii_kind(client, agent):
+    document = client.get("/api/v1/agents/ride-support/guardrail-policy").json()["policy"]
+    before = guard_state()
+    document["pii_kinds"] = ["email", "emails"]
+
+    refused = put(client, "/api/v1/agents/ride-support/guardrail-policy", document)
+    assert guard_state() == before
+    # Saved, the misspelt kind left the PII check looking for emails only; alone it would find nothing.
+    check = post(
+        client,
+        "/api/v1/guardrails/check",
+        {"agent": "ride-support", "layer": "input", "content": "card 4111 1111 1111 1111, mail jane@example.com"},
+    )
+
+    assert (refused.status_code, refused.json()["code"]) == (422, "guardrail_policy_invalid")
+    assert refused.json()["errors"] == [
+        {
+            "field": "pii_kinds",
+            "message": "unknown: emails; the kinds are email, phone, card, iban, ssn, nino, national_id, address, "
+            "person",
+        }
+    ]
+    assert (check.json()["verdict"], [item["check"] for item in check.json()["violations"]]) == ("redact", ["pii"])
+    assert "4111" not in check.json()["content"]
 
 
 def test_policy_put_needs_the_write_scope(api_client_for, workspace, agent):
