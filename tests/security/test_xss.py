@@ -206,7 +206,7 @@ def _describe(client: Client, world: World, trace_ids: dict[str, str]) -> None:
             "name": "xss/prompt",
             "template": payload("prompt-template") + " {{name}}",
             "description": payload("prompt-description"),
-            "tags": [payload("prompt-tag")[:100]],
+            "tags": [payload("prompt-tag")[:64]],  # the column holds 64 characters; a longer tag is refused
             "commit_message": payload("prompt-commit"),
             "labels": ["production"],
         },
