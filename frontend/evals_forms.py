@@ -14,10 +14,9 @@ from typing import Any
 from django import forms
 
 from agent_registry.models import Agent, PromptVersion
-from config.errors import InvalidJson
-from config.json_body import json_loads_storable
 from evals.models import DATASET_NAME_PATTERN, Dataset, Evaluator, OnlineRule, Run, Suite, SuiteTarget
 from evals.services import TIERS
+from frontend.forms import storable_json_check
 from routing.models import ModelTarget
 
 
@@ -163,7 +162,7 @@ class SuiteForm(forms.Form):
             raise forms.ValidationError(f"Not JSON: {error.msg} (line {error.lineno}, column {error.colno}).") from None
         except RecursionError:
             raise forms.ValidationError("Not JSON Keel can store: nested too deeply.") from None
-        _storable(text)
+        storable_json_check(text)
         if not isinstance(value, dict):
             raise forms.ValidationError('An object of variable name to value, e.g. {"company": "Acme Rides"}.')
         return value
@@ -234,15 +233,6 @@ class CompareForm(forms.Form):
         return data
 
 
-def _storable(text: str) -> None:
-    """Refuse what the API refuses too: NaN, Infinity, NUL characters, lone surrogates and deep nesting,
-    which the standard parser lets through and PostgreSQL then refused mid-write (a 500)."""
-    try:
-        json_loads_storable(text)
-    except InvalidJson as error:
-        raise forms.ValidationError(f"Not JSON Keel can store: it {error.detail}.") from None
-
-
 def _json_object(text: str, what: str) -> dict[str, Any]:
     if not text.strip():
         return {}
@@ -252,7 +242,7 @@ def _json_object(text: str, what: str) -> dict[str, Any]:
         raise forms.ValidationError(f"Not JSON: {error.msg} (line {error.lineno}).") from None
     except RecursionError:
         raise forms.ValidationError("Not JSON Keel can store: nested too deeply.") from None
-    _storable(text)
+    storable_json_check(text)
     if not isinstance(value, dict):
         raise forms.ValidationError(f"A JSON object is needed: {what}.")
     return value

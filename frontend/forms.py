@@ -25,6 +25,8 @@ from django.utils import timezone
 
 from agent_registry import requirements as req
 from agent_registry.models import Agent, Prompt, PromptType, Scope
+from config.errors import InvalidJson
+from config.json_body import json_loads_storable
 from tracing import signals
 from tracing.models import DivergencePolicy, ScoreDataType, TrajectoryStatus
 from tracing.selectors import TrajectoryFilter
@@ -762,6 +764,15 @@ _LABEL_SPLIT = re.compile(r"[\s,]+")
 def labels_parse(text: str) -> list[str]:
     """`production, staging` as a list, in order, without repeats."""
     return list(dict.fromkeys(label for label in _LABEL_SPLIT.split(text.strip()) if label))
+
+
+def storable_json_check(text: str) -> None:
+    """Refuse, as the API does, JSON the standard parser reads but PostgreSQL would refuse mid-write (a
+    500): NaN, Infinity, NUL characters, lone surrogates, nesting past what orjson reads."""
+    try:
+        json_loads_storable(text)
+    except InvalidJson as error:
+        raise forms.ValidationError(f"Not JSON Keel can store: it {error.detail}.") from None
 
 
 def template_parse(prompt_type: str, text: str) -> Any:

@@ -12,8 +12,7 @@ from typing import Any
 from django import forms
 
 from agent_registry.models import Agent, ApiKey
-from config.errors import InvalidJson
-from config.json_body import json_loads_storable
+from frontend.forms import storable_json_check
 from guardrails import policy
 from guardrails.models import BudgetPeriod, BudgetScope
 
@@ -45,12 +44,7 @@ class GuardrailPolicyForm(forms.Form):
             raise forms.ValidationError(f"Not JSON: {error.msg} (line {error.lineno}).") from None
         except RecursionError:
             raise forms.ValidationError("Not JSON Keel can store: nested too deeply.") from None
-        try:
-            # What the API refuses too: NaN, Infinity, NUL characters and lone surrogates, which PostgreSQL
-            # then refused mid-write (a 500).
-            json_loads_storable(text)
-        except InvalidJson as error:
-            raise forms.ValidationError(f"Not JSON Keel can store: it {error.detail}.") from None
+        storable_json_check(text)
         if not isinstance(value, dict):
             raise forms.ValidationError("A JSON object is needed.")
         return value

@@ -89,7 +89,6 @@ MODEL_TARGET_FIELDS: Final = frozenset(
     }
 )
 TIMEOUT_SECONDS_MAX: Final = 600.0
-API_BASE_MAX_LENGTH: Final = 500
 
 
 def api_base_error(api_base: str) -> str | None:
@@ -98,14 +97,16 @@ def api_base_error(api_base: str) -> str | None:
     (`http://ollama:11434`, `http://vllm:8000/v1`). litellm speaks HTTP to it, so http(s) only."""
     if not api_base:
         return None
-    if len(api_base) > API_BASE_MAX_LENGTH:
-        return f"must be at most {API_BASE_MAX_LENGTH} characters"
+    longest = ModelTarget._meta.get_field("api_base").max_length or 0
+    if len(api_base) > longest:
+        return f"must be at most {longest} characters"
     try:
         parts = urlsplit(api_base)
-        parts.port  # noqa: B018 - raises ValueError on a port that is not a number from 0 to 65535
+        # urlsplit reads the port only when asked: one that is not a number from 0 to 65535 raises here.
+        host, _port = parts.hostname, parts.port
     except ValueError:
         return "is not a valid URL"
-    if parts.scheme not in ("http", "https") or not parts.hostname or any(char.isspace() for char in api_base):
+    if parts.scheme not in ("http", "https") or not host or any(char.isspace() for char in api_base):
         return "must be an http(s) URL with a host, e.g. http://127.0.0.1:8000/v1"
     return None
 

@@ -212,12 +212,15 @@ def _trajectory_out(trajectory: Trajectory) -> dict[str, Any]:
     }
 
 
+_LIST_ENCODER = DjangoJSONEncoder()  # how Ninja renders the list's times
+
+
 def _head_value(value: Any) -> Any:
-    """Times and amounts in the detail as the list writes them (Django's JSON encoder, as Ninja renders)."""
+    """Times and amounts in the detail as the list writes them."""
     if isinstance(value, Decimal):
         return _fixed_point(value)
     if isinstance(value, datetime):
-        return DjangoJSONEncoder().default(value)
+        return _LIST_ENCODER.default(value)
     return str(value)
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from django.core.exceptions import ValidationError
@@ -77,16 +77,28 @@ def _visible(workspace: Workspace, agent_ids: AgentIds) -> QuerySet[Trajectory]:
     return trajectories
 
 
-def _cursor_encode(value: Any, pk: int) -> str:
-    return base64.urlsafe_b64encode(orjson.dumps([str(value), pk])).decode().rstrip("=")
+K = TypeVar("K")
 
 
-def _cursor_decode(cursor: str) -> tuple[str, int]:
+def _cursor_encode(value: Any, key: int | str) -> str:
+    """A page's cursor: the ordering value of its last row, as text, and the key that breaks ties."""
+    return base64.urlsafe_b64encode(orjson.dumps([str(value), key])).decode().rstrip("=")
+
+
+def _cursor_decode(cursor: str, key: Callable[[Any], K]) -> tuple[str, K]:
+    """What `_cursor_encode` wrote, the key read by `key` (which raises ValueError or TypeError on one of
+    the wrong kind); TrajectoryListInvalid for a cursor this API did not give out."""
     try:
-        value, pk = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        return str(value), int(pk)
+        value, found = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        return str(value), key(found)
     except (ValueError, TypeError, binascii.Error, orjson.JSONDecodeError):
         raise exceptions.TrajectoryListInvalid("the cursor is not one this API gave out") from None
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError("not text")
+    return value
 
 
 @dataclass(frozen=True)
@@ -145,7 +157,7 @@ def trajectory_list(
             | Q(trace_id=filters.search.lower())
         )
     if cursor:
-        raw_value, pk = _cursor_decode(cursor)
+        raw_value, pk = _cursor_decode(cursor, int)
         ordered_by = Trajectory._meta.get_field(field)
         assert isinstance(ordered_by, Field)  # ORDERS names columns, not relations
         try:
@@ -288,22 +300,16 @@ def session_list(
         for row in found[:limit]
     ]
     more = len(found) > limit
-    return SessionPage(items, _session_cursor_encode(items[-1]) if more else None)
-
-
-def _session_cursor_encode(session: SessionSummary) -> str:
-    return (
-        base64.urlsafe_b64encode(orjson.dumps([session.ended_at.isoformat(), session.session_id])).decode().rstrip("=")
-    )
+    return SessionPage(items, _cursor_encode(items[-1].ended_at.isoformat(), items[-1].session_id) if more else None)
 
 
 def _session_cursor_decode(cursor: str) -> tuple[datetime, str]:
+    moment, session_id = _cursor_decode(cursor, _text)
     try:
-        moment, session_id = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
         last = datetime.fromisoformat(moment)
-    except (ValueError, TypeError, binascii.Error, orjson.JSONDecodeError):
-        raise exceptions.TrajectoryListInvalid("the cursor is not one this API gave out") from None
-    if last.tzinfo is None or not isinstance(session_id, str):
+    except ValueError:
+        last = None
+    if last is None or last.tzinfo is None:
         raise exceptions.TrajectoryListInvalid("the cursor is not one this API gave out")
     return last, session_id
 
