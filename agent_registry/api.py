@@ -310,7 +310,7 @@ def requirements_version_activate_api(request: HttpRequest, slug: str, version: 
     """Make an existing version current again (a rollback moves the pointer; nothing is rewritten)."""
     agent = _agent(request, slug)
     target = selectors.requirements_version_get(agent=agent, version=version)
-    services.requirements_version_activate(agent=agent, version=target)
+    services.requirements_version_activate(agent=agent, version=target, api_key=request_api_key(request))
     return _requirements_out(agent, target)
 
 

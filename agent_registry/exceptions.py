@@ -35,6 +35,10 @@ class PromptInvalid(ValidationFailed):
     code = "prompt_invalid"
 
 
+class PromptTypeChanged(Conflict):
+    code = "prompt_type_changed"
+
+
 class PromptInUse(Conflict):
     code = "prompt_in_use"
 

@@ -268,6 +268,7 @@ class AuditAction(models.TextChoices):
     AGENT_CREATED = "agent.created", "Agent created"
     AGENT_CHANGED = "agent.changed", "Agent settings changed"
     AGENT_DELETED = "agent.deleted", "Agent deleted"
+    REQUIREMENTS_ACTIVATED = "requirements.activated", "Earlier requirements made current"
     PROMPT_LABEL_MOVED = "prompt.label_moved", "Prompt label moved"
     PROMPT_LABEL_DELETED = "prompt.label_deleted", "Prompt label deleted"
     PROMPT_DELETED = "prompt.deleted", "Prompt deleted"

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from ninja import Field, Schema
 
 from agent_registry.models import AgentStatus, Scope
+from config.schemas import PatchSchema
 
 
 class ErrorOut(Schema):
@@ -43,7 +44,7 @@ class AgentIn(Schema):
     requirements: dict[str, Any] | None = Field(None, description="answers to save as requirements version 1")
 
 
-class AgentPatch(Schema):
+class AgentPatch(PatchSchema):
     name: str | None = Field(None, min_length=1, max_length=200)
     description: str | None = Field(None, max_length=10_000)
     status: AgentStatus | None = None
@@ -150,7 +151,7 @@ class PromptIn(Schema):
     labels: list[str] = Field(default_factory=list, max_length=20)
 
 
-class PromptPatch(Schema):
+class PromptPatch(PatchSchema):
     description: str | None = Field(None, max_length=10_000)
     tags: list[str] | None = Field(None, max_length=50, description="replaces the tags")
 

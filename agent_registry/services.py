@@ -318,12 +318,29 @@ def requirements_version_create(
     return version
 
 
-def requirements_version_activate(*, agent: Agent, version: RequirementsVersion) -> Agent:
-    """Make an earlier (or later) version current again: a rollback is a pointer move."""
+@transaction.atomic
+def requirements_version_activate(
+    *, agent: Agent, version: RequirementsVersion, user: User | None = None, api_key: ApiKey | None = None
+) -> Agent:
+    """Make an earlier (or later) version current again: a rollback is a pointer move. Saving a version
+    records its author on the version; a move changes what the rest of Keel reads without a new version,
+    so it is an audit event."""
     if version.agent_id != agent.pk:
         raise exceptions.RequirementsVersionNotFound("that version belongs to another agent")
-    Agent.objects.filter(pk=agent.pk).update(current_requirements=version, updated_at=timezone.now())
+    locked = Agent.objects.select_for_update(of=("self",)).select_related("current_requirements").get(pk=agent.pk)
+    previous = locked.current_requirements
     agent.current_requirements = version
+    if previous is not None and previous.pk == version.pk:
+        return agent
+    Agent.objects.filter(pk=agent.pk).update(current_requirements=version, updated_at=timezone.now())
+    audit.record(
+        workspace=agent.workspace_id,
+        action=AuditAction.REQUIREMENTS_ACTIVATED,
+        user=user,
+        api_key=api_key,
+        target=agent,
+        details={"from_version": previous.version if previous is not None else None, "to_version": version.version},
+    )
     return agent
 
 
@@ -439,6 +456,14 @@ def prompt_version_create(
     prompt_type = type or (last_version.type if last_version else "text")
     config_value = dict(config) if config is not None else {}
     canonical = _template_check(prompt_type, template, config_value)
+    if last_version is not None and prompt_type != last_version.type:
+        # Callers fetch a label and expect its shape (the Langfuse SDK picks its client class by type); a
+        # rollback across types would change it under them. Langfuse refuses the same way.
+        raise exceptions.PromptTypeChanged(
+            f"{locked.name} is a {last_version.type} prompt; a new version cannot be {prompt_type} (create a "
+            "prompt with another name instead)",
+            errors=[{"field": "type", "message": f"must be {last_version.type}, as the earlier versions"}],
+        )
     for label in labels:
         _label_check(label)
     version = PromptVersion.objects.create(

@@ -18,6 +18,7 @@ from agent_registry.auth import key_auth, request_agent_ids, request_api_key, re
 from agent_registry.models import Agent, PromptVersion, Scope
 from agent_registry.schemas import error_responses
 from config.errors import NotFound, PermissionDenied, Unavailable, ValidationFailed
+from config.schemas import PatchSchema
 from evals import evaluators, gym, interchange, online, runs, selectors, services
 from evals.models import (
     DATASET_NAME_PATTERN,
@@ -84,7 +85,7 @@ class SuiteIn(Schema):
     schedule_enabled: bool = False
 
 
-class SuitePatch(Schema):
+class SuitePatch(PatchSchema):
     description: str | None = None
     dataset: str | None = None
     dataset_version: int | None = None
@@ -196,7 +197,7 @@ class OnlineRuleIn(Schema):
     enabled: bool = True
 
 
-class OnlineRulePatch(Schema):
+class OnlineRulePatch(PatchSchema):
     evaluators: list[str] | None = Field(default=None, min_length=1, max_length=50)
     filter: dict[str, Any] | None = None
     sample_rate: float | None = None

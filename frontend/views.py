@@ -429,7 +429,7 @@ def requirements_activate_view(
 ) -> HttpResponse:
     agent = selectors.agent_get(workspace=membership.workspace, slug=agent_slug)
     found = selectors.requirements_version_get(agent=agent, version=version)
-    services.requirements_version_activate(agent=agent, version=found)
+    services.requirements_version_activate(agent=agent, version=found, user=membership.user)
     messages.success(request, f"Requirements v{found.version} is current again.")
     return redirect("frontend:requirements_history", workspace_slug=membership.workspace.slug, agent_slug=agent.slug)
 

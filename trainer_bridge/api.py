@@ -21,6 +21,7 @@ from agent_registry.auth import key_auth, request_agent_ids, request_api_key, re
 from agent_registry.models import AuditAction, Scope
 from agent_registry.schemas import error_responses
 from config.errors import PermissionDenied
+from config.schemas import PatchSchema
 from trainer_bridge import jobs, services
 from trainer_bridge.models import NAME_PATTERN, Curation, Export, TrainingJob
 
@@ -42,7 +43,7 @@ class CurationIn(Schema):
     filters: dict[str, Any] = Field(default_factory=dict)
 
 
-class CurationPatch(Schema):
+class CurationPatch(PatchSchema):
     description: str | None = None
     query: dict[str, Any] | None = None
     grouping: str | None = None

@@ -611,3 +611,20 @@ def test_render_with_a_missing_variable_is_422(workspace, registry, api_client_f
             {"field": "variables.topic", "message": "required"},
         ],
     }
+
+
+def test_a_new_version_cannot_change_the_prompt_type(workspace, registry, api_client_for, registry_state):
+    client = api_client_for(workspace)
+    before = registry_state()
+
+    response = client.post(
+        "/api/v1/prompts/ride-support/system/versions",
+        data={"template": [{"role": "system", "content": "Hi"}], "type": "chat", "labels": ["production"]},
+        content_type="application/json",
+    )
+
+    assert response.status_code == 409
+    body = response.json()
+    assert body["code"] == "prompt_type_changed"
+    assert body["errors"] == [{"field": "type", "message": "must be text, as the earlier versions"}]
+    assert registry_state() == before
