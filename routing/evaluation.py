@@ -58,6 +58,10 @@ class Outcome:
     cost_usd: float | None
     latency_ms: float | None
     shadow: Mapping[str, ShadowOutcome] = field(default_factory=dict)
+    # The judge's score of the chosen answer, given beside its shadows' (None: not judged). Answers are
+    # compared on it rather than on `quality`, which may come from elsewhere (signals, a person's score)
+    # and so be on another scale than the shadows' judged qualities.
+    judged_quality: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +244,9 @@ def _answers(outcome: Outcome) -> dict[str, _Answer]:
         quality = _finite(shadow.quality)
         if quality is not None and tier != outcome.tier:
             answers[tier] = _Answer(tier, quality, _finite(shadow.cost_usd))
-    quality = _finite(outcome.quality)
+    quality = _finite(outcome.judged_quality)
+    if quality is None:
+        quality = _finite(outcome.quality)
     if quality is not None:
         answers[outcome.tier] = _Answer(outcome.tier, quality, _finite(outcome.cost_usd))
     return answers

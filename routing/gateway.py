@@ -602,7 +602,10 @@ def _cache_check(plan: _Plan) -> tiers.TierResult | None:
         return None
     plan.cache_target = tiers.target_for_tier(agent=agent, config=config, tier=TierChoice.SINGLE_CALL)
     system = "\n".join(str(m.get("content")) for m in plan.messages if m.get("role") in ("system", "developer"))
-    plan.system_hash = cache.system_hash(f"{decision.tier}\n{system}")
+    scope = f"{decision.tier}\n{system}"
+    if decision.tier == TierChoice.CHAIN:
+        scope += f"\n{tiers.chain_fingerprint(agent=agent)}"
+    plan.system_hash = cache.system_hash(scope)
     started = time.time_ns()
     found = cache.cache_lookup(
         agent=agent,

@@ -284,6 +284,7 @@ def router_outcomes(*, agent: Agent, since: datetime, until: datetime) -> list[t
         .order_by("created_at", "pk")
     )
     shadows: dict[int, dict[str, evaluation.ShadowOutcome]] = {}
+    judged: dict[int, float] = {}
     shadow_rows = (
         ShadowRun.objects.filter(
             decision__agent=agent,
@@ -291,10 +292,13 @@ def router_outcomes(*, agent: Agent, since: datetime, until: datetime) -> list[t
             decision__created_at__lt=until,
             status=ShadowStatus.DONE,
         )
-        .only("decision_id", "tier", "quality", "cost_usd", "latency_ms")
+        .only("decision_id", "tier", "quality", "primary_quality", "cost_usd", "latency_ms")
         .order_by("pk")
     )
     for shadow in shadow_rows:
+        if shadow.primary_quality is not None:
+            # The judge scored the chosen answer beside this shadow's: the comparison uses that score.
+            judged.setdefault(shadow.decision_id, shadow.primary_quality)
         shadows.setdefault(shadow.decision_id, {})[shadow.tier] = evaluation.ShadowOutcome(
             quality=shadow.quality,
             cost_usd=float(shadow.cost_usd) if shadow.cost_usd is not None else None,
@@ -309,6 +313,7 @@ def router_outcomes(*, agent: Agent, since: datetime, until: datetime) -> list[t
                 cost_usd=float(decision.cost_usd) if decision.cost_usd is not None else None,
                 latency_ms=decision.latency_ms,
                 shadow=shadows.get(decision.pk, {}),
+                judged_quality=judged.get(decision.pk),
             ),
         )
         for decision in decisions

@@ -26,7 +26,7 @@ import httpx
 from agent_registry import prompts
 from agent_registry.models import Agent, PromptType, PromptVersion
 from config import crypto
-from config.errors import Conflict
+from config.errors import Conflict, ValidationFailed
 from config.redact import redact, redact_value
 from routing import guarding, hooks, providers
 from routing.models import AgentTool, ChainStep, Handoff, ModelTarget, RouterConfig, TierChoice
@@ -41,6 +41,12 @@ class TierUnavailable(Conflict):
     """The tier has nothing to run with (no model target, no chain steps)."""
 
     code = "tier_not_configured"
+
+
+class ChainStepMissingVariables(ValidationFailed):
+    """A chain step's prompt version needs variables that neither the request nor the version supplies."""
+
+    code = "missing_variables"
 
 
 @dataclass(slots=True)
@@ -198,7 +204,20 @@ def _step_system(step: ChainStep, variables: Mapping[str, Any]) -> str:
     template: Any = version.template
     if version.type == PromptType.CHAT:
         template = [item for item in version.template if item.get("role") in ("system", "developer")]
-    rendered = prompts.template_render(template, variables)
+    # The step's version has its own defaults; the request's variables (with the production prompt's
+    # defaults) win over them, as they do over the production prompt's.
+    defaults = version.config.get("variables") if isinstance(version.config, dict) else None
+    try:
+        rendered = prompts.template_render(template, {**(defaults if isinstance(defaults, dict) else {}), **variables})
+    except prompts.MissingVariables as error:
+        raise ChainStepMissingVariables(
+            f"chain step {step.name} ({version.prompt.name} v{version.version}) needs variables: "
+            f'{", ".join(error.names)}; send them as "variables" in the request body (the openai client\'s '
+            "extra_body) or give the version defaults",
+            errors=[
+                {"field": f"variables.{name}", "message": f"required by chain step {step.name}"} for name in error.names
+            ],
+        ) from None
     if isinstance(rendered, str):
         return rendered
     return "\n\n".join(_text(message.get("content")) for message in rendered)
@@ -218,21 +237,38 @@ def _schema_errors(text: str, schema: Mapping[str, Any]) -> str | None:
     return None
 
 
+def chain_fingerprint(*, agent: Agent) -> str:
+    """What a chain answer depends on beyond the production prompt and the request: the agent's steps as
+    they are now. Part of the semantic cache's scope for the chain tier, so a changed chain is not answered
+    from what the old one said."""
+    steps = ChainStep.objects.filter(agent=agent).order_by("position")
+    return json.dumps(
+        [
+            [step.name, step.prompt_version_id, step.instructions, step.model_target_id, step.output_schema]
+            for step in steps
+        ],
+        sort_keys=True,
+        default=str,
+    )
+
+
 def chain(context: TierContext, messages: Sequence[Mapping[str, Any]]) -> TierResult:
-    steps = list(ChainStep.objects.filter(agent=context.agent).select_related("prompt_version", "model_target"))
+    steps = list(ChainStep.objects.filter(agent=context.agent).select_related("prompt_version__prompt", "model_target"))
     if not steps:
         raise TierUnavailable(f"agent {context.agent.slug!r} has no chain steps: declare them in its router settings")
+    # Every step's prompt is rendered before the first runs: a step that cannot run fails the request
+    # before any model is paid for.
+    systems = [_step_system(step, context.variables) for step in steps]
     conversation = [dict(message) for message in messages if message.get("role") not in ("system", "developer")]
     leading_system = [dict(message) for message in messages if message.get("role") in ("system", "developer")]
     outputs: list[tuple[str, str]] = []
     result = TierResult(message={"role": "assistant", "content": ""}, finish_reason="stop")
-    for step in steps:
-        target = step.model_target or target_for_tier(
-            agent=context.agent, config=context.config, tier=TierChoice.SINGLE_CALL
-        )
-        system = _step_system(step, context.variables) or (
-            _text(leading_system[0].get("content")) if leading_system else ""
-        )
+    for step, step_system in zip(steps, systems, strict=True):
+        target = step.model_target
+        if target is None or not target.enabled:
+            # A disabled target is never called (as for the router's own targets): the agent's single call serves.
+            target = target_for_tier(agent=context.agent, config=context.config, tier=TierChoice.SINGLE_CALL)
+        system = step_system or (_text(leading_system[0].get("content")) if leading_system else "")
         step_messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
         step_messages += conversation
         if outputs:
@@ -276,8 +312,11 @@ def _arguments(call: Mapping[str, Any]) -> Any:
         return text
 
 
-def _endpoint_call(tool: AgentTool, arguments: Any, context: TierContext) -> tuple[Any, str | None]:
-    """Call a registered tool endpoint; returns (result, error)."""
+def _endpoint_call(
+    tool: AgentTool, arguments: Any, context: TierContext, *, deadline: float | None = None
+) -> tuple[Any, str | None]:
+    """Call a registered tool endpoint, for at most its timeout and never past the loop's `deadline`
+    (time.monotonic()); returns (result, error)."""
     headers = {"Content-Type": "application/json"}
     secret = crypto.decrypt(tool.endpoint_secret_encrypted) if tool.endpoint_secret_encrypted else ""
     if secret:
@@ -288,8 +327,12 @@ def _endpoint_call(tool: AgentTool, arguments: Any, context: TierContext) -> tup
         "conversation_id": context.conversation_id,
         "trace_id": context.recorder.trace_id,
     }
+    timeout = tool.timeout_seconds
+    if deadline is not None:
+        # A slow endpoint must not hold the request past its time budget: the loop stops at the deadline.
+        timeout = max(0.001, min(timeout, deadline - time.monotonic()))
     try:
-        response = httpx.post(tool.endpoint_url, json=body, headers=headers, timeout=tool.timeout_seconds)
+        response = httpx.post(tool.endpoint_url, json=body, headers=headers, timeout=timeout)
     except httpx.HTTPError as error:
         text = redact(f"{type(error).__name__}: {error}", secret)
         return {"error": text}, f"tool endpoint unreachable: {text}"
@@ -315,6 +358,11 @@ def _budget_stop(context: TierContext, result: TierResult, kind: str, detail: st
     return result
 
 
+def _time_budget_stop(context: TierContext, result: TierResult) -> TierResult:
+    # Worded so that the trajectory's exhaustion signal reads it as a timeout, not as a token budget.
+    return _budget_stop(context, result, "time_budget", f"time limit reached ({context.time_budget_ms} ms budget)")
+
+
 def agentic(context: TierContext, messages: Sequence[Mapping[str, Any]]) -> TierResult:
     target = target_for_tier(agent=context.agent, config=context.config, tier=TierChoice.AGENTIC)
     registered = {tool.name: tool for tool in AgentTool.objects.filter(agent=context.agent)}
@@ -333,7 +381,7 @@ def agentic(context: TierContext, messages: Sequence[Mapping[str, Any]]) -> Tier
         if result.steps >= max_steps:
             return _budget_stop(context, result, "max_steps", f"max steps reached ({max_steps} model calls)")
         if deadline is not None and time.monotonic() > deadline:
-            return _budget_stop(context, result, "time_budget", f"time budget exceeded ({context.time_budget_ms} ms)")
+            return _time_budget_stop(context, result)
         completion = model_call(
             context.recorder, target, conversation, parameters, tools=definitions, name=f"step {result.steps + 1}"
         )
@@ -385,13 +433,15 @@ def agentic(context: TierContext, messages: Sequence[Mapping[str, Any]]) -> Tier
         if not runs_on_keel:
             # The client runs these; it sends the results back and the conversation continues here.
             return result
+        if deadline is not None and time.monotonic() > deadline:
+            return _time_budget_stop(context, result)
         conversation.append(completion.message)
         for call, name in zip(calls, names, strict=True):
             arguments = _arguments(call)
             tool_started = time.time_ns()
             # The agent's own endpoint acts on the real values; the model and the trace keep the pseudonyms.
             real_arguments = guarding.pseudonyms_restored(arguments, context.pseudonyms)
-            tool_result, failure = _endpoint_call(registered[name], real_arguments, context)
+            tool_result, failure = _endpoint_call(registered[name], real_arguments, context, deadline=deadline)
             context.recorder.span(
                 name=f"tool {name}",
                 span_type="tool",
