@@ -973,6 +973,12 @@ _LANGFUSE_USAGE_KEYS: Final = {
     ),
     "reasoning_tokens": ("output_reasoning_tokens", "reasoning_tokens", "output_reasoning", "reasoning"),
 }
+# Langfuse's OpenAI integration passes OpenAI's usage object on as it is, with the cache and reasoning
+# counts nested (Chat Completions' `prompt_tokens_details`, the Responses API's `input_tokens_details`).
+_NESTED_USAGE_KEYS: Final = {
+    "cache_read_tokens": (("prompt_tokens_details", "input_tokens_details"), "cached_tokens"),
+    "reasoning_tokens": (("completion_tokens_details", "output_tokens_details"), "reasoning_tokens"),
+}
 
 _LANGFUSE_TYPES: Final[dict[str, SpanType]] = {
     "generation": "generation",
@@ -1073,6 +1079,8 @@ _CONTENT_KEYS: Final = frozenset(
         "gen_ai.tool.call.arguments",
         "gen_ai.tool.call.result",
         "gen_ai.tool.definitions",
+        "gen_ai.retrieval.query.text",
+        "gen_ai.retrieval.documents",
     )
 )
 _USAGE_FIELDS: Final = ("input_tokens", "output_tokens", "total_tokens", "cache_read_tokens", "reasoning_tokens")
@@ -1085,6 +1093,8 @@ _MESSAGE_EVENT_ROLES: Final = {
     "gen_ai.tool.message": "tool",
 }
 _EVENT_ENVELOPE_KEYS: Final = frozenset(("gen_ai.system", "gen_ai.provider.name", "event.name"))
+# The current conventions' one event for a whole call, with the same message attributes as the span.
+_INFERENCE_DETAILS_EVENT: Final = "gen_ai.client.inference.operation.details"
 
 
 _SPAN_DEFAULTS: Final[dict[str, Any]] = {
@@ -1468,16 +1478,34 @@ def _token_count(value: Any) -> int | None:
     return value if isinstance(value, int) and 0 <= value <= MAX_TOKEN_COUNT else None
 
 
+def _langfuse_usage(details: Mapping[str, Any], values: dict[str, Any]) -> bool:
+    """Read the counts of a Langfuse `usage_details` object into `values`; True when it held nothing else."""
+    read: set[str] = set()
+    for field in _USAGE_FIELDS:
+        key = next((key for key in _LANGFUSE_USAGE_KEYS[field] if details.get(key) not in (None, "")), None)
+        value = _int(details[key]) if key is not None else None
+        if value is None and field in _NESTED_USAGE_KEYS:
+            parents, nested_key = _NESTED_USAGE_KEYS[field]
+            for parent in parents:
+                nested = details.get(parent)
+                if isinstance(nested, dict) and (value := _int(nested.get(nested_key))) is not None:
+                    # The parent counts as read only when the count was all it held.
+                    key = parent if len(nested) == 1 else None
+                    break
+        if value is not None:
+            values[field] = value
+            if key is not None:
+                read.add(key)
+    return bool(read) and read.issuperset(details)
+
+
 def _usage(attributes: Mapping[str, Any], values: dict[str, Any], used: set[str]) -> Usage:
     raw_details = attributes.get("langfuse.observation.usage_details")
     if raw_details is not None:
         details = _json_object(raw_details)
-        if details is not None:
-            for field in _USAGE_FIELDS:
-                value = _int(_first(details, _LANGFUSE_USAGE_KEYS[field], None))
-                if value is not None:
-                    values[field] = value
-                    used.add("langfuse.observation.usage_details")
+        # Counts Keel has no field for (Anthropic's cache writes, audio tokens) keep the attribute as sent.
+        if details is not None and _langfuse_usage(details, values):
+            used.add("langfuse.observation.usage_details")
     input_tokens = _token_count(values.get("input_tokens"))
     output_tokens = _token_count(values.get("output_tokens"))
     total_tokens = _token_count(values.get("total_tokens"))
@@ -1904,6 +1932,16 @@ def _event_messages(events: tuple[SpanEvent, ...]) -> _EventMessages:
             prompt = _to_messages(event.attributes.get("gen_ai.prompt"), "user")
         elif event.name == "gen_ai.content.completion" and completion is None:
             completion = _to_messages(event.attributes.get("gen_ai.completion"), "assistant")
+        elif event.name == _INFERENCE_DETAILS_EVENT and prompt is None and completion is None:
+            details = event.attributes
+            prompt = _to_messages(details.get("gen_ai.input.messages"), "user")
+            system = _system_message(details.get("gen_ai.system_instructions"))
+            if system is not None and (not prompt or prompt[0] != system):
+                prompt = [system, *(prompt or ())]
+            output = _maybe_json(details.get("gen_ai.output.messages"))
+            completion = _to_messages(output, "assistant")
+            if completion is not None:
+                reasons.extend((0, reason) for reason in _output_finish_reasons(output))
     choices.sort(key=lambda item: item[0])
     reasons.sort(key=lambda item: item[0])
     return _EventMessages(
@@ -2118,6 +2156,8 @@ class _Content:
             found = value is not None
         if not found and span_type == "tool":
             found, value = generic(("gen_ai.tool.call.arguments",), "user")
+        elif not found and span_type == "retriever":
+            found, value = generic(("gen_ai.retrieval.query.text",), "user")
         self.input = value if found else None
         self.raw_input = raw_values.get("user", self.input)
 
@@ -2151,6 +2191,8 @@ class _Content:
             found = value is not None
         if not found and span_type == "tool":
             found, value = generic(("gen_ai.tool.call.result",), "assistant")
+        elif not found and span_type == "retriever":
+            found, value = generic(("gen_ai.retrieval.documents",), "assistant")
         self.output = value if found else None
         if output_reasons is not None and reads_messages and "assistant" in raw_values:
             output_reasons.extend(_output_finish_reasons(raw_values["assistant"]))
@@ -2164,7 +2206,18 @@ class _Content:
         used: set[str],
     ) -> None:
         if span_type == "tool":
-            self.tool_arguments = self.input
+            arguments = self.input
+            # Langfuse's @observe records a call as {"args": [...], "kwargs": {...}}; a tool called with
+            # keyword arguments only (as agents call them, from the model's JSON) got exactly the kwargs.
+            if (
+                type(arguments) is dict
+                and len(arguments) == 2
+                and arguments.get("args") == []
+                and type(arguments.get("kwargs")) is dict
+                and "langfuse.observation.input" in used
+            ):
+                arguments = arguments["kwargs"]
+            self.tool_arguments = arguments
             self.tool_result = self.output
         else:
             arguments = attributes.get("gen_ai.tool.call.arguments")
