@@ -15,11 +15,12 @@ from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Query, Router, Status
 
+from agent_registry import exceptions as registry_exceptions
 from agent_registry import selectors as registry_selectors
 from agent_registry.auth import key_auth, request_agent_ids, request_api_key, request_workspace
 from agent_registry.models import Agent, Scope
 from agent_registry.schemas import error_responses
-from config.errors import PermissionDenied
+from config.errors import PermissionDenied, ValidationFailed
 from routing import reports, services
 from routing.models import AgentTool, ChainStep, Handoff, ModelTarget, RouterConfig, RoutingDecision, ShadowRun
 from routing.schemas import (
@@ -28,6 +29,7 @@ from routing.schemas import (
     AgentToolPatch,
     ChainIn,
     ChainOut,
+    ChainStepIn,
     HandoffListQuery,
     HandoffOut,
     HandoffResolveIn,
@@ -117,6 +119,31 @@ def _step_out(step: ChainStep) -> dict[str, Any]:
         "model_target": _alias(step.model_target),
         "output_schema": step.output_schema,
     }
+
+
+def _step_in(agent: Agent, index: int, step: ChainStepIn) -> dict[str, Any]:
+    """A step as the service takes it: a `prompt` given as "<name>:<version>" becomes its version's id."""
+    data = step.dict()
+    reference = data.pop("prompt")
+    if reference is None:
+        return data
+    field = f"steps[{index}].prompt"
+    if data["prompt_version"] is not None:
+        raise ValidationFailed(
+            "give prompt or prompt_version, not both", errors=[{"field": field, "message": "both given"}]
+        )
+    name, _, number = reference.rpartition(":")
+    try:
+        found = registry_selectors.prompt_get(workspace=agent.workspace, name=name, agent_ids=[agent.pk])
+        data["prompt_version"] = registry_selectors.prompt_version_get(
+            prompt=found, version=int(number) if number.isascii() and number.isdigit() else 0
+        ).pk
+    except (registry_exceptions.PromptNotFound, registry_exceptions.PromptVersionNotFound):
+        raise ValidationFailed(
+            f'{field}: no version {reference!r} of this agent\'s prompts (give "<name>:<version>")',
+            errors=[{"field": field, "message": "no such version of this agent's prompts"}],
+        ) from None
+    return data
 
 
 def _tool_out(tool: AgentTool) -> dict[str, Any]:
@@ -277,9 +304,8 @@ def chain_get_api(request: HttpRequest, slug: str) -> Any:
 @router.put("/agents/{slug}/chain", auth=WRITE, response={200: ChainOut, **ERRORS})
 def chain_set_api(request: HttpRequest, slug: str, payload: ChainIn) -> Any:
     agent = _agent(request, slug)
-    services.chain_steps_set(
-        agent=agent, steps=[step.dict() for step in payload.steps], updated_via_key=request_api_key(request)
-    )
+    steps = [_step_in(agent, index, step) for index, step in enumerate(payload.steps)]
+    services.chain_steps_set(agent=agent, steps=steps, updated_via_key=request_api_key(request))
     return {"agent": agent.slug, "steps": [_step_out(step) for step in reports.chain_step_list(agent=agent)]}
 
 

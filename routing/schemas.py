@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from ninja import Field, Schema
 
+from config.schemas import PatchSchema
+
 Tier = Literal["single_call", "chain", "agentic", "human"]
 TargetTier = Literal["", "single_call", "chain", "agentic", "human"]
 Method = Literal["rule", "estimate", "cold_start", "default", "continuation", "single_level"]
@@ -31,7 +33,7 @@ class ModelTargetIn(Schema):
     enabled: bool = True
 
 
-class ModelTargetPatch(Schema):
+class ModelTargetPatch(PatchSchema):
     model: str | None = Field(None, min_length=1, max_length=300)
     api_base: str | None = Field(None, max_length=500)
     api_key: str | None = Field(None, max_length=2000, description='"" removes the stored key; absent keeps it')
@@ -129,7 +131,10 @@ class RouterConfigOut(Schema):
 
 class ChainStepIn(Schema):
     name: str
-    prompt_version: int | None = Field(None, description="id of a version of one of the agent's prompts")
+    prompt: str | None = Field(
+        None, description='a version of one of the agent\'s prompts as "<name>:<version>", as the chain is read back'
+    )
+    prompt_version: int | None = Field(None, description="the same by id; give prompt or prompt_version")
     instructions: str = ""
     model_target: str | None = Field(None, description="alias; none uses the agent's single-call target")
     output_schema: dict[str, Any] | None = None
@@ -163,7 +168,7 @@ class AgentToolIn(Schema):
     timeout_seconds: float = 10.0
 
 
-class AgentToolPatch(Schema):
+class AgentToolPatch(PatchSchema):
     name: str | None = None
     description: str | None = None
     parameters: dict[str, Any] | None = None

@@ -99,7 +99,8 @@ def ago(value: datetime | None) -> str:
 
 @register.filter
 def usd(value: Any) -> str:
-    """A cost in US dollars, with the precision small amounts need: $0.0004, $0.021, $1.25."""
+    """A cost in US dollars, with the precision small amounts need: $0.0004, $0.000021, $0.021, $1.25.
+    Under a cent, up to two significant digits and at least four places, so $0.00002 does not read $0.0000."""
     if value is None or value == "":
         return "—"
     try:
@@ -109,7 +110,8 @@ def usd(value: Any) -> str:
     if amount == 0:
         return "$0"
     if abs(amount) < Decimal("0.01"):
-        return f"${amount:.4f}"
+        whole, _, fraction = f"{amount:.{max(4, 1 - amount.adjusted())}f}".partition(".")
+        return f"${whole}.{fraction.rstrip('0').ljust(4, '0')}"
     if abs(amount) < 1:
         return f"${amount:.3f}"
     return f"${amount:,.2f}"

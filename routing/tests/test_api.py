@@ -279,6 +279,35 @@ def test_the_chain_is_replaced_whole(acme):
     assert ChainStep.objects.filter(agent=acme.agent).count() == 2
 
 
+def test_a_chain_step_names_its_prompt_version_as_it_is_read_back(acme):
+    prompt_with_versions(agent=acme.agent, name="support/extract", templates=["Extract the order id.", "Extract it."])
+    path = f"/api/v1/agents/{acme.agent.slug}/chain"
+
+    body = call(acme.client, "PUT", path, {"steps": [{"name": "extract", "prompt": "support/extract:2"}]}).json()
+    unknown = call(acme.client, "PUT", path, {"steps": [{"name": "x", "prompt": "support/extract:9"}]})
+    both = call(
+        acme.client, "PUT", path, {"steps": [{"name": "x", "prompt": "support/extract:1", "prompt_version": 1}]}
+    )
+
+    assert [(step["name"], step["prompt"]) for step in body["steps"]] == [("extract", "support/extract:2")]
+    assert body["steps"][0]["prompt_version"] == acme.agent.prompts.get().versions.get(version=2).pk
+    assert_error(unknown, 422, "validation_error")
+    assert unknown.json()["errors"] == [
+        {"field": "steps[0].prompt", "message": "no such version of this agent's prompts"}
+    ]
+    assert_error(both, 422, "validation_error")
+    assert call(acme.client, "GET", path).json() == body
+
+
+def test_a_patch_with_an_unknown_field_is_422(acme):
+    tool = call(acme.client, "PATCH", f"/api/v1/agents/{acme.agent.slug}/tools/lookup", {"descripton": "typo"})
+    target = call(acme.client, "PATCH", "/api/v1/model-targets/support-fast", {"timeout": 5})
+
+    assert_error(tool, 422, "validation_error")
+    assert_error(target, 422, "validation_error")
+    assert target.json()["errors"] == [{"field": "timeout", "message": "Extra inputs are not permitted"}]
+
+
 def test_tools_are_created_changed_and_deleted(acme):
     base = f"/api/v1/agents/{acme.agent.slug}/tools"
     parameters = {"type": "object", "properties": {"order_id": {"type": "string"}}}
