@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -309,19 +309,32 @@ def job_adapter_store(
     return job
 
 
+def _free_name(base: str, taken: Callable[[str], bool], limit: int) -> str:
+    """`base`, or `base-2`, `base-3`, ... (within `limit` characters): the first that `taken` says is free."""
+    name, number = base[:limit], 1
+    while taken(name):
+        number += 1
+        suffix = f"-{number}"
+        name = base[: limit - len(suffix)] + suffix
+    return name
+
+
 def _register(job: TrainingJob) -> None:
     """The trained model as a model target (when the job says how it is served), and an eval run of the
     comparison suite on it with the suite's latest run as the incumbent baseline."""
     from evals import runs
     from evals.models import Run, RunStatus, Suite, SuiteTarget
     from routing import services as routing_services
+    from routing.models import ModelTarget
 
     serve = job.config.get("serve")
     if not isinstance(serve, Mapping):
         return
+    # A person may have taken the name already; the worker's report must not fail on that, nor reuse theirs.
+    aliases = ModelTarget.objects.filter(workspace=job.workspace)
     target = routing_services.model_target_create(
         workspace=job.workspace,
-        alias=f"trained-{job.pk}",
+        alias=_free_name(f"trained-{job.pk}", lambda name: aliases.filter(alias=name).exists(), 100),
         model=str(serve["model"]),
         api_base=str(serve.get("api_base") or ""),
         tier="single_call",
@@ -332,24 +345,22 @@ def _register(job: TrainingJob) -> None:
     if suite is None or suite.dataset is None:
         return
     incumbent = Run.objects.filter(suite=suite, status=RunStatus.COMPLETED).order_by("-finished_at").first()
-    candidate_suite, _ = Suite.objects.get_or_create(
+    suites = Suite.objects.filter(workspace=job.workspace)
+    candidate_suite = Suite.objects.create(
         workspace=job.workspace,
-        name=f"{suite.name}-trained-{job.pk}"[:200],
-        defaults={
-            "agent": suite.agent,
-            "description": f"{suite.name} on the model trained by job {job.pk}",
-            "dataset": suite.dataset,
-            "dataset_version": suite.dataset_version,
-            "target": SuiteTarget.MODEL_TARGET,
-            "model_target": target,
-            "samples": suite.samples,
-            "concurrency": suite.concurrency,
-            "variables": suite.variables,
-        },
+        name=_free_name(f"{suite.name}-trained-{job.pk}", lambda name: suites.filter(name=name).exists(), 200),
+        agent=suite.agent,
+        description=f"{suite.name} on the model trained by job {job.pk}",
+        dataset=suite.dataset,
+        dataset_version=suite.dataset_version,
+        target=SuiteTarget.MODEL_TARGET,
+        model_target=target,
+        samples=suite.samples,
+        concurrency=suite.concurrency,
+        variables=suite.variables,
     )
-    if not candidate_suite.suite_evaluators.exists():
-        for link in suite.suite_evaluators.all():
-            candidate_suite.suite_evaluators.create(evaluator=link.evaluator, position=link.position)
+    for link in suite.suite_evaluators.all():
+        candidate_suite.suite_evaluators.create(evaluator=link.evaluator, position=link.position)
     run = runs.run_create(suite=candidate_suite, idempotency_key=f"training-job-{job.pk}")
     if incumbent is not None:
         Run.objects.filter(pk=run.pk).update(baseline=incumbent)

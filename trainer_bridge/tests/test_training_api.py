@@ -326,3 +326,43 @@ def test_an_adapter_larger_than_the_request_body_limit_is_streamed_to_disk(
     assert stored.status_code == 204, stored.content
     assert Path(TrainingJob.objects.get(pk=job_id).adapter_path).read_bytes() == adapter
     assert not list(jobs.adapter_dir().glob("*.partial"))
+
+
+def test_a_finished_job_registers_under_a_free_name_when_a_person_took_its_own(
+    gateway: Any, run: Any, monkeypatch: Any
+) -> None:
+    # The worker's `finish` was a 409 (alias taken) after training, and the comparison ran a person's suite.
+    from evals.models import Suite
+    from routing import services as routing_services
+
+    monkeypatch.setattr("evals.runs.run_dispatch", lambda *args, **kwargs: None)
+    curation = _curation(gateway, run)
+    export = services.export_create(curation=curation, format="art", dispatch=False)
+    services.export_execute(export_id=export.pk)
+    export.refresh_from_db()
+    job = jobs.job_create(
+        export=export,
+        method="grpo",
+        base_model="tiny",
+        serve={"model": "hosted_vllm/adapter", "api_base": "http://vllm:8000/v1"},
+        compare_suite=run.suite.name,
+    )
+    theirs = routing_services.model_target_create(workspace=gateway.workspace, alias=f"trained-{job.pk}", model="x/y")
+    their_suite = Suite.objects.create(workspace=gateway.workspace, name=f"{run.suite.name}-trained-{job.pk}")
+    _, raw = _client(gateway.workspace, ("train",))
+    key = registry_services.apikey_authenticate(raw_key=raw)
+    assert key is not None
+    assert jobs.job_claim(api_key=key, worker="gpu") is not None
+    jobs.job_adapter_store(job=job, api_key=key, location="s3://adapters/job")
+
+    finished = jobs.job_finish(job=job, api_key=key, status="succeeded")
+
+    assert finished.status == JobStatus.SUCCEEDED
+    target, comparison = finished.model_target, finished.comparison_run
+    assert target is not None
+    assert comparison is not None
+    assert comparison.suite is not None
+    assert (target.alias, target.model) == (f"trained-{job.pk}-2", "hosted_vllm/adapter")
+    assert ModelTarget.objects.get(pk=theirs.pk).model == "x/y"
+    assert comparison.suite.name == f"{run.suite.name}-trained-{job.pk}-2"
+    assert comparison.suite_id != their_suite.pk
