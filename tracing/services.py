@@ -1146,7 +1146,7 @@ def _trajectory_values(
     return (
         trajectory_id,
         agent_id,
-        (view.root_span_name or "")[:500],
+        (view.name or "")[:500],
         view.status,
         _ns_datetime(view.start_time_ns),
         _ns_datetime(view.end_time_ns),

@@ -153,6 +153,9 @@ class TrajectoryView:
     tool_definitions: tuple[dict[str, Any], ...]
     task_id: str | None
     reward: float | None
+    # What the trajectory is called: the trace's own name when a span gives one (Langfuse's
+    # `langfuse.trace.name`), else the root span's.
+    name: str | None = None
 
 
 # --- Tree ---------------------------------------------------------------------------------------------
@@ -751,6 +754,7 @@ def trajectory_view_build(spans: Iterable[Span], *, trace_id: str | None = None)
         tool_definitions=tuple(definitions.values()),
         task_id=_first_value(reading, "task_id"),
         reward=_first_value(reading, "reward"),
+        name=_first_value(reading, "trace_name") or (tree.root.name if tree.root is not None else None),
     )
 
 

@@ -291,6 +291,17 @@ def test_arrival_order_does_not_change_the_trajectory() -> None:
         assert trajectory_view_build(shuffled) == expected
 
 
+def test_the_trajectory_is_named_after_the_trace_when_a_span_names_it() -> None:
+    # Langfuse's SDK sets the trace's name (propagate_attributes(trace_name=...)) on the spans below the root.
+    spans = refund_trajectory()
+    assert trajectory_view_build(spans).name == spans[0].name
+    named = [spans[0], span("c1", ROOT, 1, 2, {"langfuse.trace.name": "refund request"}), *spans[1:]]
+
+    view = trajectory_view_build(named)
+
+    assert (view.name, view.root_span_name) == ("refund request", spans[0].name)
+
+
 def test_a_span_sent_twice_is_read_once() -> None:
     spans = refund_trajectory()
 

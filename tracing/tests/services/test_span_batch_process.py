@@ -261,3 +261,18 @@ def test_trajectory_metadata_comes_from_its_spans_with_langfuse_values_decoded(o
         "tier": "gold",
         "x": 1,
     }
+
+
+def test_a_trajectory_takes_the_trace_name_a_span_gives(otel, key_for, workspace):
+    # Langfuse's SDK names the trace on the spans under the root (langfuse.trace.name); it was not used.
+    tracer = otel.tracer()
+    with (
+        tracer.start_as_current_span("invoke_agent ride-support"),
+        tracer.start_as_current_span("chat gpt-4o", attributes={"langfuse.trace.name": "refund request"}),
+    ):
+        pass
+    batch = _accept(key_for(workspace), otel.protobuf())
+
+    services.span_batch_process(batch_id=batch.pk)
+
+    assert Trajectory.objects.get(workspace=workspace).name == "refund request"
