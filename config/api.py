@@ -33,6 +33,7 @@ from routing.api import router as routing_router
 from tracing.alerts_api import router as alerts_router
 from tracing.api import router as tracing_router
 from tracing.langfuse_api import router as langfuse_mirror_router
+from tracing.langfuse_scores_api import router as langfuse_scores_router
 from tracing.triage_api import router as triage_router
 from trainer_bridge.api import router as training_router
 
@@ -198,4 +199,5 @@ langfuse_api = KeelNinjaAPI(
     parser=JsonParser(),
 )
 langfuse_api.add_router("/", langfuse_router)
+langfuse_api.add_router("/", langfuse_scores_router)
 _install_error_handlers(langfuse_api)

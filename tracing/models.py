@@ -211,10 +211,15 @@ class Score(models.Model):
     comment = models.TextField(blank=True)
     created_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_via_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # The client's own id of the score (a Langfuse client's), so a batch it sends again stores nothing twice.
+    external_id = models.CharField(max_length=100, blank=True)
     created_at = models.DateTimeField(db_default=Now())
 
     class Meta:
         constraints: ClassVar = [
+            models.UniqueConstraint(
+                fields=["workspace", "external_id"], condition=~Q(external_id=""), name="score_external_id_unique"
+            ),
             models.CheckConstraint(condition=Q(data_type__in=ScoreDataType.values), name="score_data_type_valid"),
             models.CheckConstraint(condition=Q(source__in=ScoreSource.values), name="score_source_valid"),
             # Numbers and booleans carry a value; categories and corrections carry text.
@@ -228,6 +233,37 @@ class Score(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}={self.value if self.value is not None else self.string_value}"
+
+
+class PendingScore(models.Model):
+    """A score sent for a trace Keel has not stored yet: a Langfuse client sends its scores and its spans
+    separately, and the scores may come first. `tracing.services.pending_scores_attach` makes it a Score
+    once the trajectory exists; one still waiting after PENDING_SCORE_DAYS is dropped."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+    trace_id = models.CharField(max_length=32)
+    span_id = models.CharField(max_length=16, blank=True)
+    name = models.CharField(max_length=200)
+    data_type = models.CharField(max_length=12, choices=ScoreDataType.choices)
+    value = models.FloatField(null=True, blank=True)
+    string_value = models.TextField(blank=True)
+    comment = models.TextField(blank=True)
+    created_via_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    external_id = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints: ClassVar = [
+            models.UniqueConstraint(
+                fields=["workspace", "external_id"],
+                condition=~Q(external_id=""),
+                name="pendingscore_external_id_unique",
+            ),
+        ]
+        indexes: ClassVar = [models.Index(fields=["workspace", "trace_id"], name="pendingscore_trace")]
+
+    def __str__(self) -> str:
+        return f"{self.name} for {self.trace_id} (pending)"
 
 
 class ModelPriceOverride(models.Model):

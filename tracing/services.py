@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import re
 import threading
 import time
 from collections import Counter, defaultdict
@@ -52,6 +53,7 @@ from tracing.models import (
     BatchStatus,
     IngestBatch,
     ModelPriceOverride,
+    PendingScore,
     Score,
     ScoreDataType,
     ScoreSource,
@@ -1237,20 +1239,8 @@ def _trajectories_update(cursor: Any, updates: list[tuple[Any, ...]]) -> None:
 # --- Scores ------------------------------------------------------------------------------------------
 
 
-def score_create(
-    *,
-    trajectory: Trajectory,
-    name: str,
-    data_type: str,
-    value: float | bool | None = None,
-    string_value: str = "",
-    span_id: str = "",
-    comment: str = "",
-    source: str = ScoreSource.API,
-    created_by: User | None = None,
-    created_via_key: ApiKey | None = None,
-) -> Score:
-    """Attach a score to a trajectory (or one of its steps, by span id)."""
+def _score_checked(*, name: str, data_type: str, value: Any, string_value: str) -> tuple[str, float | None]:
+    """A score's name (stripped) and its stored number, or ScoreInvalid naming every problem."""
     problems: list[dict[str, str]] = []
     if data_type not in ScoreDataType.values:
         problems.append({"field": "data_type", "message": f"must be one of {', '.join(ScoreDataType.values)}"})
@@ -1276,23 +1266,44 @@ def score_create(
             problems.append({"field": "value", "message": f"a {data_type} score takes string_value, not value"})
     if data_type in (ScoreDataType.NUMERIC, ScoreDataType.BOOLEAN) and string_value:
         problems.append({"field": "string_value", "message": f"a {data_type} score takes value, not string_value"})
-    if (
-        span_id
-        and not Span.objects.filter(
-            workspace_id=trajectory.workspace_id, trace_id=trajectory.trace_id, span_id=span_id
-        ).exists()
-    ):
-        problems.append({"field": "span_id", "message": "no such step in this trajectory"})
     if problems:
         raise exceptions.ScoreInvalid(
             "invalid score: " + "; ".join(f"{p['field']}: {p['message']}" for p in problems), errors=problems
         )
+    return name.strip(), numeric_value
+
+
+def _span_exists(*, workspace_id: int, trace_id: str, span_id: str) -> bool:
+    return Span.objects.filter(workspace_id=workspace_id, trace_id=trace_id, span_id=span_id).exists()
+
+
+def score_create(
+    *,
+    trajectory: Trajectory,
+    name: str,
+    data_type: str,
+    value: float | bool | None = None,
+    string_value: str = "",
+    span_id: str = "",
+    comment: str = "",
+    source: str = ScoreSource.API,
+    created_by: User | None = None,
+    created_via_key: ApiKey | None = None,
+    external_id: str = "",
+) -> Score:
+    """Attach a score to a trajectory (or one of its steps, by span id)."""
+    name, numeric_value = _score_checked(name=name, data_type=data_type, value=value, string_value=string_value)
+    if span_id and not _span_exists(
+        workspace_id=trajectory.workspace_id, trace_id=trajectory.trace_id, span_id=span_id
+    ):
+        problem = {"field": "span_id", "message": "no such step in this trajectory"}
+        raise exceptions.ScoreInvalid(f"invalid score: span_id: {problem['message']}", errors=[problem])
     with transaction.atomic():
         score = Score.objects.create(
             workspace_id=trajectory.workspace_id,
             trajectory=trajectory,
             span_id=span_id,
-            name=name.strip(),
+            name=name,
             data_type=data_type,
             value=numeric_value,
             string_value=string_value,
@@ -1300,9 +1311,203 @@ def score_create(
             comment=comment,
             created_by=created_by,
             created_via_key=created_via_key,
+            external_id=external_id,
         )
         langfuse_bridge.langfuse_export_score(score=score)
     return score
+
+
+# --- Scores from Langfuse clients ----------------------------------------------------------------------
+
+PENDING_SCORE_DAYS = 7
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
+_SPAN_ID = re.compile(r"[0-9a-f]{16}")
+# Langfuse's data types that have a Keel counterpart; TEXT (free text) has none.
+_LANGFUSE_SCORE_TYPES = {
+    "NUMERIC": ScoreDataType.NUMERIC,
+    "BOOLEAN": ScoreDataType.BOOLEAN,
+    "CATEGORICAL": ScoreDataType.CATEGORICAL,
+    "CORRECTION": ScoreDataType.CORRECTION,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LangfuseScore:
+    """One score of a Langfuse `POST /api/public/scores` body, in Keel's terms."""
+
+    trace_id: str
+    span_id: str
+    name: str
+    data_type: str
+    value: float | None
+    string_value: str
+    comment: str
+    external_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScoresAccepted:
+    stored: int  # attached to their trajectories now
+    pending: int  # kept until their trajectory (or step) arrives
+    errors: list[str]  # one line per score refused, naming it by its position in the body
+
+
+def _text_field(item: Mapping[str, Any], key: str, limit: int) -> str:
+    value = item.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str) or len(value) > limit:
+        raise exceptions.ScoreInvalid(f"{key} must be text of at most {limit} characters")
+    return value
+
+
+def langfuse_score_parse(item: Any) -> LangfuseScore:
+    """A Langfuse score body (`traceId`, `observationId`, `name`, `value`, `dataType`, `comment`, `id`) as
+    Keel stores it, or ScoreInvalid saying why Keel cannot: it scores traces and their observations, not
+    sessions or dataset runs, and has no TEXT scores."""
+    if not isinstance(item, dict):
+        raise exceptions.ScoreInvalid("a score is a JSON object")
+    if item.get("sessionId") or item.get("datasetRunId"):
+        raise exceptions.ScoreInvalid("Keel scores traces and their observations, not sessions or dataset runs")
+    trace_id = _text_field(item, "traceId", 64).strip().lower()
+    if not _TRACE_ID.fullmatch(trace_id):
+        raise exceptions.ScoreInvalid("traceId must be a trace id of 32 hex characters")
+    span_id = _text_field(item, "observationId", 64).strip().lower()
+    if span_id and not _SPAN_ID.fullmatch(span_id):
+        raise exceptions.ScoreInvalid("observationId must be a span id of 16 hex characters")
+    value = item.get("value")
+    declared = item.get("dataType")
+    if declared is None:
+        declared = "CATEGORICAL" if isinstance(value, str) else "NUMERIC"
+    data_type = _LANGFUSE_SCORE_TYPES.get(declared) if isinstance(declared, str) else None
+    if data_type is None:
+        raise exceptions.ScoreInvalid(
+            f"dataType {declared!r} has no Keel counterpart: use NUMERIC, BOOLEAN, CATEGORICAL or CORRECTION"
+        )
+    number = value if data_type in (ScoreDataType.NUMERIC, ScoreDataType.BOOLEAN) else None
+    text = value if data_type in (ScoreDataType.CATEGORICAL, ScoreDataType.CORRECTION) else ""
+    if not isinstance(text, str) or (number is not None and isinstance(number, str)):
+        raise exceptions.ScoreInvalid(f"a {declared} score's value must be {'text' if number is None else 'a number'}")
+    name, numeric_value = _score_checked(
+        name=_text_field(item, "name", 200), data_type=data_type, value=number, string_value=text
+    )
+    return LangfuseScore(
+        trace_id=trace_id,
+        span_id=span_id,
+        name=name,
+        data_type=data_type,
+        value=numeric_value,
+        string_value=text,
+        comment=_text_field(item, "comment", 10_000),
+        external_id=_text_field(item, "id", 100).strip(),
+    )
+
+
+def _langfuse_score_store(
+    *, workspace: Workspace, api_key: ApiKey, agent_ids: frozenset[int] | None, score: LangfuseScore
+) -> bool:
+    """Store one parsed score; True when it is attached now, False when it waits for its trajectory. A score
+    sent again with its id (a client's retry, or Langfuse's upsert) replaces what that id stored."""
+    trajectory = Trajectory.objects.filter(workspace=workspace, trace_id=score.trace_id).first()
+    if trajectory is not None and agent_ids is not None and trajectory.agent_id not in agent_ids:
+        raise exceptions.ScoreInvalid(f"trace {score.trace_id} belongs to an agent this key may not score")
+    if score.external_id:
+        Score.objects.filter(workspace=workspace, external_id=score.external_id).delete()
+        PendingScore.objects.filter(workspace=workspace, external_id=score.external_id).delete()
+    ready = trajectory is not None and (
+        not score.span_id or _span_exists(workspace_id=workspace.pk, trace_id=score.trace_id, span_id=score.span_id)
+    )
+    if ready and trajectory is not None:
+        score_create(
+            trajectory=trajectory,
+            name=score.name,
+            data_type=score.data_type,
+            value=score.value,
+            string_value=score.string_value,
+            span_id=score.span_id,
+            comment=score.comment,
+            created_via_key=api_key,
+            external_id=score.external_id,
+        )
+        return True
+    PendingScore.objects.create(
+        workspace=workspace,
+        trace_id=score.trace_id,
+        span_id=score.span_id,
+        name=score.name,
+        data_type=score.data_type,
+        value=score.value,
+        string_value=score.string_value,
+        comment=score.comment,
+        created_via_key=api_key,
+        external_id=score.external_id,
+    )
+    return False
+
+
+def langfuse_scores_accept(*, api_key: ApiKey, items: Sequence[Any]) -> ScoresAccepted:
+    """Langfuse's `POST /api/public/scores`. Each score is stored on its trajectory, or kept pending until
+    the trajectory (and the scored step) arrives: a Langfuse client flushes scores and spans separately.
+    A score Keel cannot take is reported by its position; the others are stored."""
+    agent_ids = registry_selectors.apikey_agent_ids(api_key=api_key)
+    stored = pending = 0
+    errors: list[str] = []
+    for index, item in enumerate(items):
+        try:
+            score = langfuse_score_parse(item)
+            with transaction.atomic():
+                attached = _langfuse_score_store(
+                    workspace=api_key.workspace, api_key=api_key, agent_ids=agent_ids, score=score
+                )
+        except exceptions.ScoreInvalid as error:
+            errors.append(f"score {index}: {error.detail}")
+            continue
+        stored += attached
+        pending += not attached
+    return ScoresAccepted(stored=stored, pending=pending, errors=errors)
+
+
+def pending_scores_attach(*, now: datetime | None = None, limit: int = 1000) -> int:
+    """Scheduled by beat: pending scores whose trajectory (and step) now exist become scores; those older
+    than PENDING_SCORE_DAYS, whose trace never came, are dropped. Returns how many were attached."""
+    now = now or timezone.now()
+    dropped, _ = PendingScore.objects.filter(created_at__lt=now - timedelta(days=PENDING_SCORE_DAYS)).delete()
+    if dropped:
+        logger.warning("dropped %d scores whose trace did not arrive within %d days", dropped, PENDING_SCORE_DAYS)
+    waiting = list(PendingScore.objects.select_related("created_via_key").order_by("pk")[:limit])
+    found = {
+        (trajectory.workspace_id, trajectory.trace_id): trajectory
+        for trajectory in Trajectory.objects.filter(trace_id__in={pending.trace_id for pending in waiting})
+    }
+    attached = 0
+    for pending in waiting:
+        trajectory = found.get((pending.workspace_id, pending.trace_id))
+        if trajectory is None or (
+            pending.span_id
+            and not _span_exists(workspace_id=pending.workspace_id, trace_id=pending.trace_id, span_id=pending.span_id)
+        ):
+            continue
+        with transaction.atomic():
+            if not PendingScore.objects.filter(pk=pending.pk).delete()[0]:
+                continue  # another sweep took it
+            key = pending.created_via_key
+            agent_ids = registry_selectors.apikey_agent_ids(api_key=key) if key is not None else None
+            if agent_ids is not None and trajectory.agent_id not in agent_ids:
+                logger.warning("dropped a score of trace %s: its key may not score that agent", pending.trace_id)
+                continue
+            score_create(
+                trajectory=trajectory,
+                name=pending.name,
+                data_type=pending.data_type,
+                value=pending.value,
+                string_value=pending.string_value,
+                span_id=pending.span_id,
+                comment=pending.comment,
+                created_via_key=key,
+                external_id=pending.external_id,
+            )
+            attached += 1
+    return attached
 
 
 # --- Model prices ------------------------------------------------------------------------------------

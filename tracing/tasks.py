@@ -124,3 +124,9 @@ def alert_delivery_sweep() -> None:
     """Scheduled by beat: send the alert deliveries whose retry time has come."""
     for delivery_id in alerts.alert_delivery_due():
         alert_delivery_deliver.delay(delivery_id)
+
+
+@shared_task(name="tracing.pending_scores_attach", ignore_result=True, soft_time_limit=50, time_limit=60)
+def pending_scores_attach() -> None:
+    """Scheduled by beat: scores that came before their trace are attached once it is stored."""
+    services.pending_scores_attach()

@@ -414,6 +414,15 @@ API: dict[str, Api | Public] = {
     "langfuse:langfuse_prompt_create_api": api(
         "POST", "/api/public/v2/prompts", WRITE, 201, {"name": "<prompt>", "prompt": "Hey {{name}}"}, tenancy=OBJECT
     ),
+    # Another workspace's key may score a trace id it names: the score waits in its own workspace.
+    "langfuse:langfuse_scores_create_api": api(
+        "POST",
+        "/api/public/scores",
+        INGEST,
+        202,
+        [{"traceId": "<trace>", "name": "matrix", "value": 1}],
+        tenancy=WORKSPACE,
+    ),
     # OTLP and the gateway: Django views outside ninja, authenticated the same way.
     "otlp-traces": api("POST", "/v1/traces", INGEST, 200, {"resourceSpans": []}),
     "langfuse-otlp-traces": api("POST", "/api/public/otel/v1/traces", INGEST, 200, {"resourceSpans": []}),
