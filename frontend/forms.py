@@ -1207,7 +1207,7 @@ class ReplayForm(forms.Form):
         label="Model",
         required=False,
         max_length=300,
-        help_text="A litellm model string, e.g. gpt-4o-mini; blank keeps the recorded model.",
+        help_text="A model target's alias, or a litellm model string (gpt-4o-mini); blank keeps the recorded model.",
     )
     divergence = forms.ChoiceField(
         label="When the model calls a tool the recording never saw",

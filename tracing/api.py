@@ -416,26 +416,34 @@ def model_price_set_api(request: HttpRequest, payload: ModelPriceIn) -> Any:
 REPLAY_ERRORS: dict[int, type[Schema]] = {**ERRORS, 409: ErrorOut}
 
 
+# The numbers are strict: JSON `true` or "3" for a step is a mistake to report, not step 1 or 3.
 class ReplayPromptVersionIn(Schema):
     name: str = Field(min_length=1, max_length=200)
-    version: int = Field(ge=1)
+    version: int = Field(ge=1, strict=True)
 
 
 class ReplayIn(Schema):
     from_step: int = Field(
-        ge=0, description="a step index of the original; the replay re-makes the first model call at or after it"
+        ge=0,
+        strict=True,
+        description="a step index of the original; the replay re-makes the first model call at or after it",
     )
     prompt_version: ReplayPromptVersionIn | None = Field(
         None, description="its rendered system prompt replaces the recorded one; null keeps the recorded prompt"
     )
     model: str | None = Field(
-        None, min_length=1, max_length=300, description="a litellm model string; null replays with the recorded model"
+        None,
+        min_length=1,
+        max_length=300,
+        description="a model target's alias, or a litellm model string; null: the recorded model",
     )
     divergence: Literal["stop", "stub"] = Field(
         "stop", description="at a tool call with no recorded match: stop there, or serve a stub result and go on"
     )
     stub_result: Any = Field(None, description='the result served at a divergence under "stub"; null: a generic stub')
-    max_steps: int = Field(replay.DEFAULT_MAX_STEPS, ge=1, le=replay.MAX_STEPS_LIMIT, description="model calls at most")
+    max_steps: int = Field(
+        replay.DEFAULT_MAX_STEPS, ge=1, le=replay.MAX_STEPS_LIMIT, strict=True, description="model calls at most"
+    )
 
 
 class ReplayProgressOut(Schema):

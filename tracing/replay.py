@@ -7,7 +7,8 @@ and/or model, serving the tool calls from the recording.
 1. The history is what the original sent to the model at the first model call at or after `from_step`.
    With a prompt version given, its rendered system prompt replaces the recorded system message
    (rendered with the variables the original recorded under the metadata key `prompt_variables`).
-2. A loop calls the model through litellm with the recorded tool definitions. Each tool call the model
+2. A loop calls the model through litellm with the recorded tool definitions (a model that names one of
+   the workspace's model targets is called through it, on its server with its key). Each tool call the model
    makes is looked up in the recording by name and arguments (parsed JSON, key order aside): a match
    serves the recorded result; a call with no match is a divergence, where the replay stops or, under
    the "stub" policy, serves a stub and goes on. The loop ends when the model answers without tool
@@ -16,9 +17,10 @@ and/or model, serving the tool calls from the recording.
    `keel.replay.source` = recording | stub) are stored with `tracing.services.spans_write` as a new
    trajectory whose `replay_of` is the original.
 
-Provider errors that may pass (rate limit, timeout, outage) put the replay back to pending and raise
-`ReplayProviderUnavailable`, which the task retries; any other provider error fails the replay with the
-error recorded. Spans are written once, at the end, so a retried run never leaves half a trajectory.
+Provider errors that may pass (rate limit, timeout, server error, refused connection) put the replay back
+to pending and raise `ReplayProviderUnavailable`, which the task retries; any other provider error fails
+the replay with the error recorded. Spans are written once, at the end, so a retried run never leaves half
+a trajectory.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Final
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
 from django.db.models.functions import Greatest
@@ -42,6 +45,9 @@ from agent_registry import prompts
 from agent_registry.models import ApiKey, PromptType, PromptVersion, User
 from config import dispatch
 from config.errors import KeelError
+from config.redact import redact
+from routing import demo_provider, providers
+from routing.models import ModelTarget
 from tracing import exceptions, otlp, selectors, services
 from tracing.models import DivergencePolicy, Replay, ReplayStatus, Trajectory, TrajectoryStatus
 from tracing.replay_diff import json_equal, json_parsed, replay_start_step
@@ -92,6 +98,9 @@ class ReplayPlan:
     parameters: dict[str, Any]
     recorded_calls: tuple[ToolCall, ...]
     steps_planned: int
+    variables: dict[str, Any] = field(default_factory=dict)
+    # What the agent told the model of each recorded call (tool call id → tool message content).
+    tool_messages: dict[str, Any] = field(default_factory=dict)
 
 
 def _invalid(detail: str, field_name: str, *, code: str | None = None) -> exceptions.ReplayInvalid:
@@ -169,6 +178,16 @@ def _with_system_prompt(messages: list[dict[str, Any]], system: str) -> list[dic
     return [{"role": "system", "content": system}, *messages]
 
 
+def _tool_messages(view: TrajectoryView) -> dict[str, Any]:
+    """The tool results as the agent sent them to the model, by tool call id, from the recorded inputs."""
+    sent: dict[str, Any] = {}
+    for step in view.steps:
+        for message in step.input_messages or ():
+            if message.get("role") == "tool" and message.get("tool_call_id"):
+                sent.setdefault(str(message["tool_call_id"]), message.get("content"))
+    return sent
+
+
 def _tool_definition(definition: Mapping[str, Any]) -> dict[str, Any]:
     # Some instrumentations record the bare function schema; chat APIs want it wrapped.
     if "function" not in definition and "name" in definition:
@@ -204,11 +223,15 @@ def replay_plan(
         raise _invalid(f"the model call at step {start} recorded no input messages to replay", "from_step")
     messages = [_message_for_model(message) for message in step.input_messages]
     parameters: dict[str, Any] = {}
+    variables = _recorded_variables(spans)
     if prompt_version is not None:
-        messages = _with_system_prompt(messages, _system_prompt(prompt_version, _recorded_variables(spans)))
+        messages = _with_system_prompt(messages, _system_prompt(prompt_version, variables))
         config = prompt_version.config if isinstance(prompt_version.config, dict) else {}
         parameters = {name: config[name] for name in _MODEL_PARAMETERS if name in config}
-    chosen_model = model.strip() or (step.model or "")
+    # The model the agent asked for, not the one that answered: a provider names its answer by a dated
+    # snapshot, or without the litellm prefix that routes the call ("qa-stub" for "openai/qa-stub").
+    asked = next((span.request_model for span in spans if span.span_id == step.span_id), None)
+    chosen_model = model.strip() or asked or step.model or ""
     if not chosen_model:
         raise _invalid(f"the model call at step {start} recorded no model; name one", "model")
     remaining_calls = sum(1 for later in view.steps[start:] if later.kind == "llm_call")
@@ -219,6 +242,8 @@ def replay_plan(
         parameters=parameters,
         recorded_calls=view.tool_calls,
         steps_planned=max(1, min(max_steps, remaining_calls)),
+        variables=variables,
+        tool_messages=_tool_messages(view),
     )
 
 
@@ -344,28 +369,57 @@ def _answer(response: Any, turn: int) -> _Answer:
     )
 
 
-def _model_call(*, plan: ReplayPlan, messages: Sequence[dict[str, Any]], turn: int) -> _Answer:
+def _model_arguments(*, workspace_id: int, model: str) -> dict[str, Any]:
+    """How litellm reaches `model`: through the workspace's enabled model target of that alias (or else of
+    that litellm model string), with its server and key, as the gateway calls it; otherwise the name as
+    litellm reads it, with the worker's own provider settings."""
+    targets = ModelTarget.objects.filter(workspace_id=workspace_id, enabled=True)
+    target = targets.filter(alias=model).first() or targets.filter(model=model).order_by("alias").first()
+    arguments = (
+        providers.call_arguments(target) if target is not None else {"model": model, "timeout": MODEL_TIMEOUT_SECONDS}
+    )
+    if str(arguments["model"]).startswith(f"{demo_provider.PROVIDER}/") and settings.KEEL_DEMO_PROVIDER:
+        demo_provider.register()
+    return arguments
+
+
+def _error_text(error: Exception, arguments: Mapping[str, Any]) -> str:
+    # The replay's error is shown to everyone in the workspace, and a careless server quotes the key it
+    # was sent (a model target's, say) or the Authorization header.
+    key = arguments.get("api_key")
+    return redact(str(error), *([str(key)] if key else []))
+
+
+def _model_call(
+    *, plan: ReplayPlan, arguments: Mapping[str, Any], messages: Sequence[dict[str, Any]], turn: int
+) -> _Answer:
     # litellm takes seconds to import; only workers that run replays pay for it.
     import litellm
-    from litellm.exceptions import RateLimitError, ServiceUnavailableError, Timeout
+    from litellm.exceptions import (
+        APIConnectionError,
+        InternalServerError,
+        RateLimitError,
+        ServiceUnavailableError,
+        Timeout,
+    )
     from openai import OpenAIError
 
     try:
         response = litellm.completion(
-            model=plan.model,
+            **arguments,
             messages=list(messages),
             tools=list(plan.tools) or None,
-            timeout=MODEL_TIMEOUT_SECONDS,
             num_retries=0,  # the task retries, with backoff, and records each attempt
             # With tools, litellm 1.106 otherwise imports its proxy's MCP gateway, which needs the
             # `mcp` package that only litellm[proxy] installs; Keel never sends MCP tools.
             _skip_mcp_handler=True,
             **plan.parameters,
         )
-    except (RateLimitError, Timeout, ServiceUnavailableError) as error:
-        raise exceptions.ReplayProviderUnavailable(str(error)) from error
+    except (RateLimitError, Timeout, ServiceUnavailableError, InternalServerError, APIConnectionError) as error:
+        # A server error or a refused connection is an outage too, as the gateway counts them (routing).
+        raise exceptions.ReplayProviderUnavailable(_error_text(error, arguments)) from error
     except OpenAIError as error:  # litellm's exceptions all derive from openai's
-        raise _ModelCallFailed(str(error)) from error
+        raise _ModelCallFailed(_error_text(error, arguments)) from error
     return _answer(response, turn)
 
 
@@ -408,6 +462,7 @@ class _Run:
     plan: ReplayPlan
     view: TrajectoryView
     root_span_id: str
+    model_arguments: dict[str, Any]
     spans: list[otlp.Span] = field(default_factory=list)
     divergence: tuple[str, str, Any] | None = None  # (span id of the model call, tool name, arguments)
     stopped: bool = False
@@ -430,16 +485,18 @@ def _generation(
     replay = run.replay
     span_id = _span_id(replay.trace_id, "generation", run.turns)
     prompt_version = replay.prompt_version
+    # The litellm model string called (a model target's, when the replay named one), which prices the call.
+    model = str(run.model_arguments["model"])
     run.spans.append(
         _span(
             trace_id=replay.trace_id,
             span_id=span_id,
             parent_span_id=run.root_span_id,
-            name=f"chat {run.plan.model}",
+            name=f"chat {model}",
             span_type="generation",
             start_time_ns=start,
             end_time_ns=end,
-            request_model=run.plan.model,
+            request_model=model,
             response_model=answer.model,
             input=list(messages),
             output=[assistant],
@@ -469,10 +526,16 @@ def _tool(run: _Run, call: dict[str, Any], position: int, recording: _Recording,
     if recorded is not None:
         result, status, error = recorded.result, recorded.status, recorded.error
         attributes |= {SOURCE_ATTRIBUTE: "recording", "keel.replay.recorded_span_id": recorded.span_id}
+        served = result
+        if served is None and error is not None:
+            # A tool that failed recorded no result, but the agent told the model something: what it
+            # sent, when the recording shows it, else the error itself; never an empty answer.
+            served = run.plan.tool_messages.get(recorded.call_id or "", error)
     else:
         result = replay.stub_result if replay.stub_result is not None else GENERIC_STUB
         status, error = "ok", None
         attributes[SOURCE_ATTRIBUTE] = "stub"
+        served = result
     now = time.time_ns()
     run.spans.append(
         _span(
@@ -495,7 +558,7 @@ def _tool(run: _Run, call: dict[str, Any], position: int, recording: _Recording,
             attributes=attributes,
         )
     )
-    return _as_text(result)
+    return _as_text(served)
 
 
 def _replay_loop(run: _Run) -> None:
@@ -504,7 +567,7 @@ def _replay_loop(run: _Run) -> None:
     messages = [dict(message) for message in plan.messages]
     while run.turns < replay.max_steps:
         start = time.time_ns()
-        answer = _model_call(plan=plan, messages=messages, turn=run.turns)
+        answer = _model_call(plan=plan, arguments=run.model_arguments, messages=messages, turn=run.turns)
         end = time.time_ns()
         assistant: dict[str, Any] = {"role": "assistant", "content": answer.content}
         if answer.tool_calls:
@@ -544,7 +607,12 @@ def _root_span(run: _Run, start: int, end: int) -> otlp.Span:
         input=[first_user] if first_user is not None else None,
         output=run.answer,
         tags=tuple(dict.fromkeys((*view.tags, REPLAY_TAG))),
-        metadata={"replay_of": original.trace_id, "replay_from_step": replay.from_step},
+        metadata={
+            "replay_of": original.trace_id,
+            "replay_from_step": replay.from_step,
+            # Kept, so that a replay of this replay can render prompt versions with them too.
+            **({VARIABLES_METADATA_KEY: run.plan.variables} if run.plan.variables else {}),
+        },
         attributes={"keel.replay.id": replay.pk, "keel.replay.of": original.trace_id},
     )
 
@@ -635,7 +703,13 @@ def replay_execute(*, replay_id: int) -> Replay | None:
             model=replay.model,
             max_steps=replay.max_steps,
         )
-        run = _Run(replay=replay, plan=plan, view=view, root_span_id=_span_id(replay.trace_id, "root"))
+        run = _Run(
+            replay=replay,
+            plan=plan,
+            view=view,
+            root_span_id=_span_id(replay.trace_id, "root"),
+            model_arguments=_model_arguments(workspace_id=replay.workspace_id, model=plan.model),
+        )
         started = time.time_ns()
         _replay_loop(run)
         _replay_store(run, started)

@@ -396,8 +396,10 @@ def test_prompt_variables_the_original_did_not_record_are_an_error(workspace):
 
 
 def test_a_chat_prompt_version_replaces_the_system_message_with_its_own(recorded, fake_llm):
-    chat = registry_services.prompt_version_create(
-        prompt=recorded.version_1.prompt,
+    # A prompt keeps its type across versions: the chat prompt is a prompt of its own.
+    chat = registry_services.prompt_create(
+        agent=recorded.trajectory.agent,
+        name="ride-support/chat",
         type="chat",
         template=[
             {"role": "system", "content": "Chat desk of {{company}}."},
