@@ -195,6 +195,35 @@ def _tool_definition(definition: Mapping[str, Any]) -> dict[str, Any]:
     return dict(definition)
 
 
+_JSON_TYPES: Final = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (list, "array"))
+
+
+def _definitions_from_calls(calls: Sequence[ToolCall]) -> tuple[dict[str, Any], ...]:
+    """Definitions for the tools the recording shows being called, when the agent recorded none (the GenAI
+    conventions make sending them opt-in): each tool's name, and the argument names and JSON types seen
+    in its calls. Without them the model could call no tool, and no recorded result could be served."""
+    seen: dict[str, dict[str, Any]] = {}
+    for call in calls:
+        properties = seen.setdefault(call.name, {})
+        arguments = json_parsed(call.arguments)
+        if isinstance(arguments, dict):
+            for key, value in arguments.items():
+                kind = next((name for kind, name in _JSON_TYPES if isinstance(value, kind)), "object")
+                properties.setdefault(str(key), {"type": kind})
+    return tuple(
+        {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": "(no definition was recorded: built from the recorded calls)",
+                "parameters": {"type": "object", "properties": properties},
+            },
+        }
+        for name, properties in seen.items()
+        if name
+    )
+
+
 def replay_plan(
     *,
     view: TrajectoryView,
@@ -238,7 +267,8 @@ def replay_plan(
     return ReplayPlan(
         messages=tuple(messages),
         model=chosen_model,
-        tools=tuple(_tool_definition(definition) for definition in view.tool_definitions),
+        tools=tuple(_tool_definition(definition) for definition in view.tool_definitions)
+        or _definitions_from_calls(view.tool_calls),
         parameters=parameters,
         recorded_calls=view.tool_calls,
         steps_planned=max(1, min(max_steps, remaining_calls)),

@@ -321,3 +321,20 @@ def test_a_number_of_the_wrong_type_is_422_and_nothing_is_stored(recorded, works
     assert response.json()["code"] == "validation_error"
     assert [error["field"] for error in response.json()["errors"]] == [field]
     assert not Replay.objects.exists()
+
+
+def test_a_recording_without_tool_definitions_offers_the_tools_it_shows_being_called(workspace, fake_llm):
+    # Sending the tools is opt-in in the GenAI conventions; without them the model could call none.
+    recorded = refund_recorded(workspace, tools=[])
+    fake_llm.script = [call("lookup_trip", {"trip_id": "T1"}), say("Found it.")]
+    created = replay.replay_create(original=recorded.trajectory, from_step=3)
+
+    finished = replay.replay_execute(replay_id=created.pk)
+
+    assert finished is not None
+    assert finished.status == "done"
+    offered = {tool["function"]["name"]: tool["function"]["parameters"] for tool in fake_llm.requests[0].tools}
+    assert offered == {
+        "lookup_trip": {"type": "object", "properties": {"trip_id": {"type": "string"}}},
+        "refund": {"type": "object", "properties": {"trip_id": {"type": "string"}, "amount": {"type": "number"}}},
+    }
