@@ -1047,6 +1047,7 @@ _PREFIXES: Final = (
     "llm.input_messages.",
     "llm.output_messages.",
     "llm.tools.",
+    "llm.request.functions.",  # OpenLLMetry's tool definitions
     "llm.prompts.",
     "llm.choices.",
     "gen_ai.prompt.",
@@ -2254,6 +2255,17 @@ class _Content:
                 if definition is not None:
                     collected.append(definition)
             definitions = tuple(collected)
+            if definitions:
+                used.update(_indexed_keys(entries))
+        if not definitions and "llm.request.functions." in groups:
+            # OpenLLMetry: llm.request.functions.N.name / .description / .parameters (JSON text).
+            entries = groups["llm.request.functions."]
+            functions = _unflatten(entries, attributes)
+            definitions = tuple(
+                definition
+                for index in sorted(functions)
+                if (definition := _tool_definition(functions[index])) is not None
+            )
             if definitions:
                 used.update(_indexed_keys(entries))
         if not definitions:

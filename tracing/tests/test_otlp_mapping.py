@@ -1007,3 +1007,22 @@ def test_map_span_survives_content_nested_past_the_recursion_limit() -> None:
     assert mapped.request_model == "m"
     assert mapped.input == [{"role": "user", "content": deep}]
     assert mapped.output == [{"role": "assistant", "content": deep}]
+
+
+def test_openllmetry_tool_definitions() -> None:
+    # OpenLLMetry (Traceloop) lists the request's functions by index; replay offers them to the model.
+    mapped = otlp.map_span(
+        raw_span(
+            {
+                "gen_ai.system": "openai",
+                "llm.request.type": "chat",
+                "gen_ai.request.model": "gpt-4o",
+                "llm.request.functions.0.name": "get_weather",
+                "llm.request.functions.0.description": "Current weather for a city",
+                "llm.request.functions.0.parameters": json.dumps(WEATHER_PARAMETERS),
+            }
+        )
+    )
+
+    assert mapped.tool_definitions == (WEATHER_TOOL,)
+    assert not any(key.startswith("llm.request.functions.") for key in mapped.attributes)
