@@ -51,6 +51,7 @@ def test_the_headers_status_follows_the_replay_while_the_page_polls(recorded, wo
     partial = client.get(_url(created), headers={"HX-Request": "true"}).content.decode()
 
     assert '<span id="replay-status-badge" class="badge badge-replay-pending" data-replay-status>Pending</span>' in page
+    assert '<h2 id="progress-title">Pending</h2>' in page  # not "Running" before a worker took it
     # The poll's answer replaces the header's badge too (out of band), or it would say "Pending" forever.
     assert (
         '<span id="replay-status-badge" class="badge badge-replay-done" data-replay-status hx-swap-oob="true">'
