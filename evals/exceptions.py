@@ -17,6 +17,10 @@ class DatasetExists(Conflict):
     code = "dataset_exists"
 
 
+class DatasetTrajectoriesPresent(Conflict):
+    code = "dataset_trajectories_present"
+
+
 class DatasetInvalid(ValidationFailed):
     code = "dataset_invalid"
 

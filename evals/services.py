@@ -206,6 +206,8 @@ def dataset_add_trajectories(
     created_via_key: ApiKey | None = None,
 ) -> DatasetVersion:
     """The next version: the latest version's items plus one item per trajectory, in the order given.
+    A trajectory the latest version holds already is not added again; when it holds them all, there is
+    no new version (DatasetTrajectoriesPresent, 409).
 
     Trajectories are looked up in the dataset's workspace (and the caller's agents); one that is not
     found or not usable fails the whole call, and no version is created."""
@@ -213,18 +215,24 @@ def dataset_add_trajectories(
         raise exceptions.DatasetInvalid(
             "name at least one trace id", errors=[{"field": "trace_ids", "message": "must not be empty"}]
         )
-    new_items = [
-        dataset_item_from_trajectory(
-            trajectory=tracing_selectors.trajectory_get(
-                workspace=dataset.workspace, trace_id=trace_id, agent_ids=agent_ids
-            )
-        )
+    trajectories = [
+        tracing_selectors.trajectory_get(workspace=dataset.workspace, trace_id=trace_id, agent_ids=agent_ids)
         for trace_id in dict.fromkeys(trace_ids)  # a trace named twice is added once
     ]
     # Locked before the latest version is read, so a concurrent write cannot slip in between.
     Dataset.objects.select_for_update().filter(pk=dataset.pk).get()
     latest = selectors.dataset_version_latest(dataset=dataset)
     previous = [] if latest is None else selectors.dataset_version_items(version=latest)
+    present = {item.source_trace_id for item in previous if item.source_trace_id}
+    new_items = [
+        dataset_item_from_trajectory(trajectory=trajectory)
+        for trajectory in trajectories
+        if trajectory.trace_id not in present
+    ]
+    if latest is not None and not new_items:
+        raise exceptions.DatasetTrajectoriesPresent(
+            f"version {latest.version} of {dataset.name} holds every trajectory named already; no new version"
+        )
     return dataset_version_create_from_items(
         dataset=dataset,
         items=[*previous, *new_items],

@@ -737,6 +737,8 @@ def _dataset_add(membership: Membership, trajectory: Trajectory, form: DatasetAd
             )
     except exceptions.DatasetExists as error:
         form.add_error("new_name", f"{error.detail}; choose it above instead.")
+    except exceptions.DatasetTrajectoriesPresent as error:
+        form.add_error("dataset", error.detail)
     except (exceptions.TrajectoryNotUsable, exceptions.DatasetInvalid, exceptions.DatasetItemsInvalid) as error:
         form.add_error(None, error.detail)
     except DjangoValidationError as error:

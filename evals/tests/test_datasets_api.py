@@ -157,6 +157,23 @@ def test_from_trajectories_keeps_the_trace_id(client, workspace, dataset, record
     assert json.loads(lines[1])["source_trace_id"] == trace_id
 
 
+def test_a_trajectory_added_again_is_not_a_second_item(client, workspace, dataset, record_trajectory):
+    first, second = record_trajectory(workspace), record_trajectory(workspace)
+    path = "/api/v1/datasets/refunds/from-trajectories"
+    assert post(client, path, {"trace_ids": [first]}).status_code == 201
+    before = state()
+
+    again = post(client, path, {"trace_ids": [first]})
+    assert (again.status_code, again.json()["code"]) == (409, "dataset_trajectories_present")
+    assert state() == before
+
+    both = post(client, path, {"trace_ids": [first, second]})
+
+    assert (both.status_code, both.json()["version"], both.json()["item_count"]) == (201, 3, 3)
+    lines = client.get("/api/v1/datasets/refunds/versions/3/download").content.decode().splitlines()
+    assert [json.loads(line).get("source_trace_id") for line in lines][1:] == [first, second]
+
+
 def test_a_read_key_cannot_write(api_client_for, workspace, dataset):
     reader = api_client_for(workspace, scopes=("read",))
     before = state()

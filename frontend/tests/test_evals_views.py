@@ -681,6 +681,18 @@ def test_adding_to_an_existing_dataset_makes_its_next_version(gateway, member, s
     assert _messages(response) == ["Added the trajectory to the dataset regressions: version 2 has 5 items."]
 
 
+def test_adding_a_trajectory_the_dataset_holds_already_says_so(gateway, member, suite, trajectory):
+    path = f"/w/{gateway.workspace.slug}/trajectories/{trajectory.trace_id}/dataset/"
+    member.post(path, {"dataset": "regressions", "new_name": ""})
+    before = _evals_state()
+
+    response = member.post(path, {"dataset": "regressions", "new_name": ""})
+
+    assert response.status_code == 422
+    assert "holds every trajectory named already" in " ".join(response.context["dataset_form"].errors["dataset"])
+    assert _evals_state() == before
+
+
 @pytest.mark.parametrize(
     ("data", "field", "message"),
     [
