@@ -1561,30 +1561,46 @@ def model_price_set(
 # --- Retention ---------------------------------------------------------------------------------------
 
 
+def _retention_batch(*, agent: Agent, cutoff: datetime, batch_size: int) -> int:
+    """Delete up to `batch_size` of the agent's trajectories that ended before `cutoff` (and their spans) in
+    one short transaction, so that ingest never waits long on these deletes; returns how many."""
+    # A trajectory ends after it starts, so `started_at` bounds the scan of the (workspace, agent,
+    # started_at) index to the old rows; `ended_at` alone has no index.
+    rows = list(
+        Trajectory.objects.filter(
+            workspace_id=agent.workspace_id, agent=agent, started_at__lt=cutoff, ended_at__lt=cutoff
+        ).values_list("pk", "trace_id")[:batch_size]
+    )
+    if not rows:
+        return 0
+    with transaction.atomic():
+        Span.objects.filter(workspace_id=agent.workspace_id, trace_id__in=[trace for _, trace in rows]).delete()
+        Trajectory.objects.filter(pk__in=[pk for pk, _ in rows]).delete()
+    return len(rows)
+
+
 def trajectory_retention_apply(*, agent: Agent, days: int, batch_size: int = 1000) -> int:
-    """Delete the agent's trajectories that ended more than `days` ago, `batch_size` at a time, each
-    batch its own short transaction so that ingest never waits long on these deletes."""
+    """Delete the agent's trajectories that ended more than `days` ago, `batch_size` at a time."""
     cutoff = timezone.now() - timedelta(days=days)
     deleted = 0
-    while True:
-        rows = list(
-            Trajectory.objects.filter(agent=agent, ended_at__lt=cutoff).values_list("pk", "trace_id")[:batch_size]
-        )
-        if not rows:
-            return deleted
-        ids = [pk for pk, _ in rows]
-        with transaction.atomic():
-            Span.objects.filter(workspace_id=agent.workspace_id, trace_id__in=[trace for _, trace in rows]).delete()
-            Trajectory.objects.filter(pk__in=ids).delete()
-        deleted += len(ids)
+    while count := _retention_batch(agent=agent, cutoff=cutoff, batch_size=batch_size):
+        deleted += count
+    return deleted
 
 
-def trajectory_retention_sweep() -> dict[int, int]:
-    """Apply every agent's retention; returns agent id → trajectories deleted."""
-    deleted = {}
-    for agent in Agent.objects.filter(trace_retention_days__isnull=False):
-        assert agent.trace_retention_days is not None
-        deleted[agent.pk] = trajectory_retention_apply(agent=agent, days=agent.trace_retention_days)
+def trajectory_retention_sweep(*, batch_size: int = 1000) -> dict[int, int]:
+    """Apply every agent's retention; returns agent id → trajectories deleted. The agents take turns, a
+    batch each, so one with a large backlog does not hold the others back until the task's time is up."""
+    now = timezone.now()
+    agents = list(Agent.objects.filter(trace_retention_days__isnull=False).order_by("pk"))
+    cutoffs = {agent.pk: now - timedelta(days=agent.trace_retention_days or 0) for agent in agents}
+    deleted = dict.fromkeys(cutoffs, 0)
+    while agents:
+        for agent in list(agents):
+            count = _retention_batch(agent=agent, cutoff=cutoffs[agent.pk], batch_size=batch_size)
+            deleted[agent.pk] += count
+            if count < batch_size:
+                agents.remove(agent)
     return deleted
 
 
