@@ -938,8 +938,14 @@ _RESPONSE_MODEL_KEYS: Final = (
 _COST_KEYS: Final = ("llm.cost.total", "gen_ai.usage.cost")
 _TOOL_NAME_KEYS: Final = ("tool.name", "gen_ai.tool.name")
 _TOOL_CALL_ID_KEYS: Final = ("tool_call.id", "tool.id", "gen_ai.tool.call.id")
-# OpenInference-style, then the GenAI conventions, then OpenLLMetry's older name.
-_FINISH_REASON_KEYS: Final = ("llm.finish_reason", "gen_ai.response.finish_reasons", "llm.response.finish_reason")
+# OpenInference-style, then the GenAI conventions, then OpenLLMetry's older name, then what Langfuse's OpenAI
+# integration puts in the observation's metadata.
+_FINISH_REASON_KEYS: Final = (
+    "llm.finish_reason",
+    "gen_ai.response.finish_reasons",
+    "llm.response.finish_reason",
+    "langfuse.observation.metadata.finish_reason",
+)
 _USAGE_ATTRIBUTE_KEYS: Final = {
     "input_tokens": ("llm.token_count.prompt", "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"),
     "output_tokens": (

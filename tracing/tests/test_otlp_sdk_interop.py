@@ -80,6 +80,16 @@ def test_langfuse_openai_integration_usage_keeps_nested_cache_and_reasoning_coun
     assert "langfuse.observation.usage_details" not in mapped.attributes
 
 
+def test_the_langfuse_openai_integrations_finish_reason_is_the_calls() -> None:
+    # It sends the reason in the observation's metadata; the step showed none.
+    attributes = langfuse_generation([SYSTEM, USER], ASKS_FOR_WEATHER, OPENAI_USAGE)
+    attributes["langfuse.observation.metadata.finish_reason"] = "tool_calls"
+
+    mapped = otlp.map_span(_raw(attributes))
+
+    assert mapped.finish_reasons == ("tool_calls",)
+
+
 def test_the_responses_apis_nested_usage_details_are_read_too() -> None:
     usage = {
         "input_tokens": 42,
