@@ -227,13 +227,15 @@ def test_agent_update(workspace, registry, api_client_for):
     assert (stored.slug, stored.name, stored.status) == ("support", "Rider support", "paused")
 
 
-def test_agent_update_ignores_read_only_fields(workspace, registry, api_client_for):
+def test_agent_update_refuses_read_only_fields(workspace, registry, api_client_for):
+    # A 200 that left the slug as it was told the caller the rename had been made.
     response = api_client_for(workspace).patch(
         "/api/v1/agents/support", data={"slug": "renamed", "name": "Same"}, content_type="application/json"
     )
 
-    assert response.status_code == 200
-    assert response.json()["slug"] == "support"
+    assert response.status_code == 422
+    assert response.json()["errors"] == [{"field": "slug", "message": "Extra inputs are not permitted"}]
+    assert Agent.objects.get(pk=registry.support.pk).name != "Same"
     assert list(Agent.objects.filter(workspace=workspace).order_by("slug").values_list("slug", flat=True)) == [
         "billing",
         "support",

@@ -61,6 +61,8 @@ AUDITED_POSTS = {
     "guardrail_budget_delete": "budget.deleted",
     "training_curation_export": "export.created",
     "training_job_create": "training_job.created",
+    # Making an earlier requirements version current moves a pointer the rest of Keel reads from.
+    "requirements_activate": "requirements.activated",
     # Publishing with a label moves the label: that move is the audited part.
     "prompt_create": "prompt.label_moved",
     "prompt_version_create": "prompt.label_moved",
