@@ -7,8 +7,10 @@ per-workspace overrides, which win. A span that reports its own cost keeps it.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -18,6 +20,12 @@ from typing import Any
 
 _PRICE_FILE = "model_prices_and_context_window_backup.json"
 _MILLION = Decimal(1_000_000)
+# A provider's dated snapshot of a model: gpt-4o-2024-08-06, claude-sonnet-4-5-20250929, claude-sonnet-4-5@20250929.
+_SNAPSHOT_DATE = re.compile(r"[-@](?:\d{4}-\d{2}-\d{2}|20\d{6})$")
+# litellm's long-context prices: `input_cost_per_token_above_200k_tokens` and its output and cache-read kin.
+_TIER_KEY = re.compile(
+    r"^(?:input_cost_per_token|output_cost_per_token|cache_read_input_token_cost)_above_(\d+)(k?)_tokens$"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +35,17 @@ class ModelPrice:
     input: Decimal
     output: Decimal
     cache_read: Decimal | None = None
+    # (prompt size, price) by size: a call whose prompt has more input tokens than a tier's size is charged
+    # at that tier's prices for all of its tokens, as the provider bills it (and litellm counts it).
+    tiers: tuple[tuple[int, ModelPrice], ...] = ()
+
+    def for_prompt(self, input_tokens: int) -> ModelPrice:
+        """The price of a call whose prompt has `input_tokens` input tokens (cached ones included)."""
+        chosen = self
+        for size, price in self.tiers:
+            if input_tokens > size:
+                chosen = price
+        return chosen
 
     @classmethod
     def per_million(cls, input_usd: Decimal, output_usd: Decimal, cache_read_usd: Decimal | None = None) -> ModelPrice:
@@ -55,12 +74,40 @@ def litellm_prices() -> dict[str, ModelPrice]:
         if not isinstance(input_cost, (int, float)) or not isinstance(output_cost, (int, float)):
             continue
         cache_read = entry.get("cache_read_input_token_cost")
-        prices[model] = ModelPrice(
+        base = ModelPrice(
             input=Decimal(str(input_cost)),
             output=Decimal(str(output_cost)),
             cache_read=Decimal(str(cache_read)) if isinstance(cache_read, (int, float)) else None,
         )
+        prices[model] = (
+            dataclasses.replace(base, tiers=_tiers(entry, base)) if any(map(_TIER_KEY.match, entry)) else base
+        )
     return prices
+
+
+def _tiers(entry: Mapping[str, Any], base: ModelPrice) -> tuple[tuple[int, ModelPrice], ...]:
+    """The entry's long-context prices; a rate a tier does not name stays the base rate."""
+
+    def rate(key: str) -> Decimal | None:
+        value = entry.get(key)
+        return Decimal(str(value)) if isinstance(value, (int, float)) else None
+
+    sizes: dict[int, str] = {}
+    for key in entry:
+        if found := _TIER_KEY.match(key):
+            sizes[int(found[1]) * (1000 if found[2] else 1)] = found[1] + found[2]
+    tiers: list[tuple[int, ModelPrice]] = []
+    for size, name in sorted(sizes.items()):
+        input_rate = rate(f"input_cost_per_token_above_{name}_tokens")
+        output_rate = rate(f"output_cost_per_token_above_{name}_tokens")
+        cache_read = rate(f"cache_read_input_token_cost_above_{name}_tokens")
+        price = ModelPrice(
+            input=base.input if input_rate is None else input_rate,
+            output=base.output if output_rate is None else output_rate,
+            cache_read=base.cache_read if cache_read is None else cache_read,
+        )
+        tiers.append((size, price))
+    return tuple(tiers)
 
 
 def _candidates(model: str) -> tuple[str, ...]:
@@ -74,10 +121,19 @@ def _litellm_price(model: str) -> ModelPrice | None:
     return next((prices[name] for name in _candidates(model) if name in prices), None)
 
 
+def _undated(names: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(undated for name in names if (undated := _SNAPSHOT_DATE.sub("", name)) != name)
+
+
 def price_find(model: str, overrides: Mapping[str, ModelPrice] | None = None) -> ModelPrice | None:
-    """The price of `model`: an override, else litellm's; `openai/gpt-4o` also finds `gpt-4o`."""
+    """The price of `model`: an override, else litellm's; `openai/gpt-4o` also finds `gpt-4o`.
+
+    An override for a model also prices its dated snapshots (`gpt-4o-2024-08-06`, `claude-sonnet-4-5-20250929`),
+    over litellm's price for the snapshot: providers answer with the snapshot that served a call, and spans name
+    the model as answered, while a negotiated rate is for the model."""
     if overrides:
-        for name in _candidates(model):
+        names = _candidates(model)
+        for name in names + _undated(names):
             if name in overrides:
                 return overrides[name]
     return _litellm_price(model)
@@ -93,9 +149,10 @@ def generation_cost(
     """USD for one call; None when the model has no known price or no tokens were reported."""
     if not model or (input_tokens is None and output_tokens is None):
         return None
-    price = price_find(model, overrides)
-    if price is None:
+    found = price_find(model, overrides)
+    if found is None:
         return None
+    price = found.for_prompt(input_tokens or 0)
     cached = max(0, min(cache_read_tokens or 0, input_tokens or 0)) if price.cache_read is not None else 0
     fresh_input = (input_tokens or 0) - cached
     cost = price.input * fresh_input + price.output * (output_tokens or 0)
