@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from decimal import Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any
 
 from django import template
@@ -109,12 +109,16 @@ def usd(value: Any) -> str:
         return str(value)
     if amount == 0:
         return "$0"
+
+    def rounded(places: int) -> Decimal:  # half up, as money is read ($0.00345 is $0.0035, not $0.0034)
+        return amount.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
+
     if abs(amount) < Decimal("0.01"):
-        whole, _, fraction = f"{amount:.{max(4, 1 - amount.adjusted())}f}".partition(".")
+        whole, _, fraction = f"{rounded(max(4, 1 - amount.adjusted())):f}".partition(".")
         return f"${whole}.{fraction.rstrip('0').ljust(4, '0')}"
     if abs(amount) < 1:
-        return f"${amount:.3f}"
-    return f"${amount:,.2f}"
+        return f"${rounded(3):f}"
+    return f"${rounded(2):,f}"
 
 
 @register.filter
