@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -869,11 +869,12 @@ def _stream_live(
     plan: _Plan,
     target: ModelTarget,
     first: dict[str, Any] | None,
-    chunks: Iterator[dict[str, Any]],
+    chunks: Generator[dict[str, Any]],
     state: providers.StreamState,
     hold: Any,
 ) -> Iterator[bytes]:
     completion_id = f"chatcmpl-{plan.recorder.trace_id}"
+    left = False
     try:
         chunk = first
         while chunk is not None:
@@ -891,6 +892,12 @@ def _stream_live(
                 }
             )
         yield b"data: [DONE]\n\n"
+    except GeneratorExit:
+        # The client went away (the server closes the stream): stop the provider's answer too, which would
+        # otherwise run on, and be paid for, until its connection is collected.
+        left = not state.finish_reason
+        chunks.close()
+        raise
     finally:
         completion = state.completion()
         tiers.spend_settle(hold, completion)
@@ -900,4 +907,8 @@ def _stream_live(
         _output_guarded(plan, result, sent=True)
         if state.error:
             result.status, result.error_type, result.error_message = "error", "stream_interrupted", state.error
+        elif left:
+            # A part of an answer: neither cached nor an outcome the router may learn from as a success.
+            result.status, result.error_type = "error", "client_disconnected"
+            result.error_message = "the client closed the stream before the answer was complete"
         _settle(plan, result)

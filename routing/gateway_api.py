@@ -1,4 +1,5 @@
-"""The OpenAI-compatible gateway's HTTP layer: `POST /v1/chat/completions` and `GET /v1/models`.
+"""The OpenAI-compatible gateway's HTTP layer: `POST /v1/chat/completions`, `GET /v1/models` and
+`GET /v1/models/{model}`.
 
 Plain Django views rather than ninja operations: the errors must be OpenAI's JSON (the `openai` client
 reads `error.message`), and a streamed answer is a `text/event-stream`. Keel's `detail` and `code` travel
@@ -166,13 +167,31 @@ def models_api(request: HttpRequest) -> HttpResponse:
     api_key = _authenticate(request)
     if isinstance(api_key, JsonResponse):
         return api_key
+    return JsonResponse({"object": "list", "data": _models(api_key)})
+
+
+def _models(api_key: ApiKey) -> list[dict[str, Any]]:
     agents, targets = selectors.gateway_models(api_key=api_key)
     created = int(time.time())
-    data = [
+    return [
         {"id": f"{gateway.AGENT_PREFIX}{agent.slug}", "object": "model", "created": created, "owned_by": "keel:agent"}
         for agent in agents
     ] + [
         {"id": target.alias, "object": "model", "created": created, "owned_by": f"keel:target:{target.model}"}
         for target in targets
     ]
-    return JsonResponse({"object": "list", "data": data})
+
+
+@csrf_exempt
+def model_api(request: HttpRequest, model: str) -> HttpResponse:
+    """`GET /v1/models/{model}` (the openai client's `models.retrieve`): one of what `/v1/models` lists."""
+    wrong_method = _method_not_allowed(request, "GET")
+    if wrong_method is not None:
+        return wrong_method
+    api_key = _authenticate(request)
+    if isinstance(api_key, JsonResponse):
+        return api_key
+    for entry in _models(api_key):
+        if entry["id"] == model:
+            return JsonResponse(entry)
+    return _error(404, f"there is no model {model!r} this key may call", "model_not_found", param="model")

@@ -15,7 +15,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
@@ -419,7 +419,7 @@ def completion_stream(
     messages: Sequence[Mapping[str, Any]],
     parameters: Mapping[str, Any] | None,
     state: StreamState,
-) -> Iterator[dict[str, Any]]:
+) -> Generator[dict[str, Any]]:
     """Chunks of a streamed completion (OpenAI `chat.completion.chunk` dicts), recorded into `state`.
 
     Opening the stream is retried and falls back like `completion` (raising ProviderFailed before any
@@ -463,5 +463,13 @@ def _stream_chunks(state: StreamState, first: Any, iterator: Iterator[Any]) -> I
     except _PROVIDER_ERRORS as error:  # a stream cut by the provider
         state.error = _error_text(error, state.target)
         logger.warning("routing.stream_cut", extra={"alias": state.alias, "error": state.error})
+    except GeneratorExit:
+        # Closed before the end (the client left): close the provider's response, so its connection stops
+        # the answer now rather than when it is collected. litellm's synchronous wrapper has no close().
+        close = getattr(getattr(iterator, "completion_stream", None), "close", None)
+        if callable(close):
+            with contextlib.suppress(*_PROVIDER_ERRORS, OSError):
+                close()
+        raise
     finally:
         state.ended_ns = time.time_ns()

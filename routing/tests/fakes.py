@@ -71,6 +71,7 @@ class FakeGatewayLLM(CustomLLM):
         super().__init__()
         self.scripts: dict[str, list[Reply | Cut | Exception]] = defaultdict(list)
         self.received: list[Received] = []
+        self.streams_abandoned = 0  # streams closed by the caller before their end
 
     def script(self, model: str, *replies: Reply | Cut | Exception) -> None:
         self.scripts[model.removeprefix(f"{FAKE_PROVIDER}/")].extend(replies)
@@ -113,6 +114,13 @@ class FakeGatewayLLM(CustomLLM):
         reply = self._next(model, messages, kwargs, stream=True)
         if isinstance(reply, Exception):
             raise reply
+        try:
+            yield from self._chunks(reply)
+        except GeneratorExit:
+            self.streams_abandoned += 1
+            raise
+
+    def _chunks(self, reply: Reply | Cut) -> Iterator[GenericStreamingChunk]:
         text = reply.content or ""
         words = text.split(" ")
         limit = reply.after if isinstance(reply, Cut) else len(words)
@@ -127,11 +135,27 @@ class FakeGatewayLLM(CustomLLM):
             )
         if isinstance(reply, Cut):
             raise ConnectionResetError("the fake provider cut the stream")
+        calls = reply.tool_calls
+        # Each call as providers stream it: the id and name first, then the arguments in two pieces.
+        for position, (call_id, name, arguments) in enumerate(calls):
+            half = len(arguments) // 2
+            for piece in (
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments[:half]}},
+                {"id": None, "type": "function", "function": {"name": None, "arguments": arguments[half:]}},
+            ):
+                yield GenericStreamingChunk(
+                    text="",
+                    tool_use={**piece, "index": position},  # type: ignore[typeddict-item]
+                    is_finished=False,
+                    finish_reason="",
+                    usage=None,
+                    index=0,
+                )
         yield GenericStreamingChunk(
             text="",
             tool_use=None,
             is_finished=True,
-            finish_reason="stop",
+            finish_reason="tool_calls" if calls else "stop",
             usage={"prompt_tokens": 40, "completion_tokens": len(words), "total_tokens": 40 + len(words)},
             index=0,
         )

@@ -435,6 +435,7 @@ API: dict[str, Api | Public] = {
         tenancy=OBJECT,
     ),
     "gateway-models": get("/v1/models", scope=GATEWAY),
+    "gateway-model": get("/v1/models/<gateway_target>", scope=GATEWAY),
     # The API's description is public, as the contract says (DESIGN.md); the roots only name the docs.
     "api:openapi-json": Public("GET", "/api/v1/openapi.json", 200, costly=True),
     "api:openapi-view": Public("GET", "/api/v1/docs", 200),
