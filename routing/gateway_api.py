@@ -79,6 +79,12 @@ def _database_unavailable() -> JsonResponse:
     return response
 
 
+def _caller(request: HttpRequest, method: str) -> ApiKey | JsonResponse:
+    """The calling key, or the OpenAI-style error answer: a wrong method, or no key with the gateway scope."""
+    wrong_method = _method_not_allowed(request, method)
+    return wrong_method if wrong_method is not None else _authenticate(request)
+
+
 def _authenticate(request: HttpRequest) -> ApiKey | JsonResponse:
     try:
         api_key = api_key_from_headers(request, Scope.GATEWAY)
@@ -119,10 +125,7 @@ def _parse(request: HttpRequest) -> ChatCompletionRequest | JsonResponse:
 
 @csrf_exempt
 def chat_completions_api(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
-    wrong_method = _method_not_allowed(request, "POST")
-    if wrong_method is not None:
-        return wrong_method
-    api_key = _authenticate(request)
+    api_key = _caller(request, "POST")
     if isinstance(api_key, JsonResponse):
         return api_key
     chat = _parse(request)
@@ -161,10 +164,7 @@ def chat_completions_api(request: HttpRequest) -> HttpResponse | StreamingHttpRe
 
 @csrf_exempt
 def models_api(request: HttpRequest) -> HttpResponse:
-    wrong_method = _method_not_allowed(request, "GET")
-    if wrong_method is not None:
-        return wrong_method
-    api_key = _authenticate(request)
+    api_key = _caller(request, "GET")
     if isinstance(api_key, JsonResponse):
         return api_key
     return JsonResponse({"object": "list", "data": _models(api_key)})
@@ -185,10 +185,7 @@ def _models(api_key: ApiKey) -> list[dict[str, Any]]:
 @csrf_exempt
 def model_api(request: HttpRequest, model: str) -> HttpResponse:
     """`GET /v1/models/{model}` (the openai client's `models.retrieve`): one of what `/v1/models` lists."""
-    wrong_method = _method_not_allowed(request, "GET")
-    if wrong_method is not None:
-        return wrong_method
-    api_key = _authenticate(request)
+    api_key = _caller(request, "GET")
     if isinstance(api_key, JsonResponse):
         return api_key
     for entry in _models(api_key):

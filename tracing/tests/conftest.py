@@ -115,9 +115,39 @@ class OtelRecorder:
         (span,) = self.spans(content_type)
         return span
 
+    def ingest(self, workspace: Any) -> None:
+        """Store the finished spans in `workspace` as OTLP ingest does (with a new ingest key), then forget them."""
+        from agent_registry import services as registry_services
+        from tracing import services
+
+        api_key, _ = registry_services.apikey_create(workspace=workspace, name="ingest", scopes=["ingest"])
+        services.ingest_otlp_accept(
+            api_key=api_key, body=self.protobuf(), content_type=otlp.CONTENT_TYPE_PROTOBUF, content_encoding=""
+        )
+        self.exporter.clear()
+
 
 @pytest.fixture
 def otel() -> Iterator[OtelRecorder]:
     recorder = OtelRecorder()
     yield recorder
     recorder.provider.shutdown()
+
+
+# --- Replays: a recorded refund and the fake model it is replayed on (tracing/tests/replay_fakes.py) -----
+
+
+@pytest.fixture
+def fake_llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    from tracing.tests.replay_fakes import fake_provider, network_forbid
+
+    network_forbid(monkeypatch)
+    with fake_provider() as fake:
+        yield fake
+
+
+@pytest.fixture
+def recorded(workspace: Any) -> Any:
+    from tracing.tests.replay_fakes import refund_recorded
+
+    return refund_recorded(workspace)

@@ -83,16 +83,19 @@ class FakeRequest:
 
 class FakeReplayLLM(CustomLLM):
     """A fake provider: answers each completion with the next scripted reply (or raises the scripted
-    exception) and keeps every request it received. `before_reply`, when set, runs first, so a test can
-    look at the database while the replay waits for the model."""
+    exception) and keeps every request it received, and where it was sent (`servers`: api_base, api_key).
+    `before_reply`, when set, runs first, so a test can look at the database while the replay waits for
+    the model."""
 
     def __init__(self) -> None:
         super().__init__()
         self.script: list[Reply | Exception] = []
         self.requests: list[FakeRequest] = []
+        self.servers: list[tuple[str | None, str | None]] = []
         self.before_reply: Callable[[], None] | None = None
 
     def completion(self, model: str, messages: list[Any], *args: Any, **kwargs: Any) -> ModelResponse:
+        self.servers.append((kwargs.get("api_base"), kwargs.get("api_key")))
         params = dict(kwargs.get("optional_params") or {})
         self.requests.append(
             FakeRequest(model=model, messages=copy.deepcopy(messages), tools=params.get("tools"), params=params)

@@ -10,19 +10,9 @@ from typing import Any
 import pytest
 from opentelemetry.trace import Tracer
 
-from agent_registry import services as registry_services
-from tracing import services
 from tracing.models import Span, Trajectory
 
 pytestmark = pytest.mark.django_db
-
-
-def _ingest(otel, workspace) -> None:
-    api_key, _ = registry_services.apikey_create(workspace=workspace, name="k", scopes=["ingest"])
-    services.ingest_otlp_accept(
-        api_key=api_key, body=otel.protobuf(), content_type="application/x-protobuf", content_encoding=""
-    )
-    otel.exporter.clear()
 
 
 def _chat(tracer: Tracer, name: str, model: str, input_tokens: int, output_tokens: int, **extra: Any) -> None:
@@ -55,7 +45,7 @@ def test_each_model_costs_what_litellm_prices_it_at(otel, workspace):
         # o3-mini: $1.10 / M, $4.40 / M; reasoning tokens are part of the output tokens and priced as output.
         _chat(tracer, "reasoning", "o3-mini", 1000, 500, **{"gen_ai.usage.reasoning.output_tokens": 300})
         _chat(tracer, "unknown", "my-finetune-v3", 1000, 100)
-    _ingest(otel, workspace)
+    otel.ingest(workspace)
 
     assert _costs() == {
         "gpt-4o": Decimal("0.00300000"),  # 600 × 2.5e-6 + 400 × 1.25e-6 + 100 × 1e-5
@@ -78,7 +68,7 @@ def test_a_long_prompt_costs_the_long_context_price(otel, workspace):
     with tracer.start_as_current_span("invoke_agent", attributes={"gen_ai.operation.name": "invoke_agent"}):
         _chat(tracer, "short", "gemini-2.5-pro", 200_000, 1000)
         _chat(tracer, "long", "gemini-2.5-pro", 300_000, 2000, **{"gen_ai.usage.cache_read.input_tokens": 100_000})
-    _ingest(otel, workspace)
+    otel.ingest(workspace)
 
     assert _costs() == {
         "short": Decimal("0.26000000"),  # 200,000 × 1.25e-6 + 1,000 × 1e-5
@@ -113,7 +103,7 @@ def test_a_cost_the_span_reports_wins_and_an_agent_that_sums_its_calls_is_not_co
             **{"langfuse.observation.cost_details": json.dumps({"input": 0.3, "output": 0.2})},
         )
         _chat(tracer, "computed", "gpt-4o", 1000, 100)
-    _ingest(otel, workspace)
+    otel.ingest(workspace)
 
     assert _costs() == {
         "otel": Decimal("0.50000000"),

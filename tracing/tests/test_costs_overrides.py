@@ -8,19 +8,10 @@ from typing import Any
 import pytest
 from opentelemetry.trace import Tracer
 
-from agent_registry import services as registry_services
-from tracing import pricing, services
+from tracing import pricing
 from tracing.models import Span, Trajectory
 
 pytestmark = pytest.mark.django_db
-
-
-def _ingest(otel, workspace) -> None:
-    api_key, _ = registry_services.apikey_create(workspace=workspace, name="k", scopes=["ingest"])
-    services.ingest_otlp_accept(
-        api_key=api_key, body=otel.protobuf(), content_type="application/x-protobuf", content_encoding=""
-    )
-    otel.exporter.clear()
 
 
 def _chat(tracer: Tracer, name: str, model: str, **extra: Any) -> None:
@@ -51,13 +42,13 @@ def test_a_price_set_then_changed_prices_new_spans_and_leaves_stored_ones(
     client = api_client_for(workspace)
     _price(client, "my-finetune", "1", "2")
     _chat(otel.tracer(), "first", "my-finetune")
-    _ingest(otel, workspace)
+    otel.ingest(workspace)
 
     _price(client, "my-finetune", "3", "4")
     _chat(otel.tracer(), "second", "my-finetune")
-    _ingest(otel, workspace)
+    otel.ingest(workspace)
     _chat(otel.tracer(), "elsewhere", "my-finetune")
-    _ingest(otel, other_workspace)
+    otel.ingest(other_workspace)
 
     assert _cost("first") == Decimal("1.20000000")  # 1 M × $1 + 0.1 M × $2, as it was priced then
     assert _cost("second") == Decimal("3.40000000")
@@ -79,10 +70,10 @@ def test_a_late_span_of_a_stored_trace_is_priced_anew_and_its_stored_spans_keep_
     tracer = otel.tracer()
     with tracer.start_as_current_span("invoke_agent", attributes={"gen_ai.operation.name": "invoke_agent"}):
         _chat(tracer, "before", "gpt-4o")
-        _ingest(otel, workspace)  # the call's span is exported before its agent's
+        otel.ingest(workspace)  # the call's span is exported before its agent's
         _price(client, "gpt-4o", "1", "2")
         _chat(tracer, "after", "gpt-4o")
-    _ingest(otel, workspace)
+    otel.ingest(workspace)
 
     assert _cost("before") == Decimal("3.50000000")  # litellm's $2.50 and $10 per million
     assert _cost("after") == Decimal("1.20000000")
@@ -96,7 +87,7 @@ def test_a_price_for_a_model_also_prices_its_dated_snapshots(otel, workspace, ap
     _chat(tracer, "openai", "gpt-4o", **{"gen_ai.response.model": "gpt-4o-2024-08-06"})
     _chat(tracer, "prefixed", "openai/gpt-4o-2024-11-20")
     _chat(tracer, "other", "gpt-4o-mini-2024-07-18")  # another model: litellm's price
-    _ingest(otel, workspace)
+    otel.ingest(workspace)
 
     assert _cost("openai") == _cost("prefixed") == Decimal("1.20000000")
     assert _cost("other") == Decimal("0.21000000")  # 1 M × $0.15 + 0.1 M × $0.60

@@ -7,11 +7,9 @@ from decimal import Decimal
 import pytest
 from django.test import Client
 
-from agent_registry import services as registry_services
 from agent_registry.models import Agent, Role
 from agent_registry.tests.factories import AgentFactory, MembershipFactory, UserFactory
 from frontend.templatetags.keel import usd
-from tracing import services
 from tracing.models import Trajectory
 from tracing.tests.agent_traces import refund_conversation
 
@@ -19,14 +17,6 @@ pytestmark = pytest.mark.django_db
 
 # One refund conversation: gpt-4o calls of 100 + 160 input and 20 + 30 output tokens.
 TURN_COST = Decimal("0.00115000")
-
-
-def _ingest(otel, workspace) -> None:
-    api_key, _ = registry_services.apikey_create(workspace=workspace, name="k", scopes=["ingest"])
-    services.ingest_otlp_accept(
-        api_key=api_key, body=otel.protobuf(), content_type="application/x-protobuf", content_encoding=""
-    )
-    otel.exporter.clear()
 
 
 @pytest.fixture
@@ -40,9 +30,9 @@ def turns(otel, workspace, other_workspace):
         refund_conversation(tracer, session="s-1", agent="shopping"),
         refund_conversation(tracer, session="s-2"),
     ]
-    _ingest(otel, workspace)
+    otel.ingest(workspace)
     refund_conversation(tracer, session="s-1")
-    _ingest(otel, other_workspace)
+    otel.ingest(other_workspace)
     return ids
 
 

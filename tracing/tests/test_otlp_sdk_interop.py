@@ -13,6 +13,7 @@ import pytest
 from tracing import otlp, records
 from tracing.steps import trajectory_view_build
 from tracing.tests.conftest import OtelRecorder
+from tracing.tests.test_otlp_mapping import raw_span
 
 JSON = otlp.CONTENT_TYPE_JSON
 PROTOBUF = otlp.CONTENT_TYPE_PROTOBUF
@@ -85,7 +86,7 @@ def test_the_langfuse_openai_integrations_finish_reason_is_the_calls() -> None:
     attributes = langfuse_generation([SYSTEM, USER], ASKS_FOR_WEATHER, OPENAI_USAGE)
     attributes["langfuse.observation.metadata.finish_reason"] = "tool_calls"
 
-    mapped = otlp.map_span(_raw(attributes))
+    mapped = otlp.map_span(_sdk_raw(attributes))
 
     assert mapped.finish_reasons == ("tool_calls",)
 
@@ -98,7 +99,7 @@ def test_the_responses_apis_nested_usage_details_are_read_too() -> None:
         "input_tokens_details": {"cached_tokens": 10},
         "output_tokens_details": {"reasoning_tokens": 3},
     }
-    mapped = otlp.map_span(_raw({"langfuse.observation.usage_details": json.dumps(usage)}))
+    mapped = otlp.map_span(_sdk_raw({"langfuse.observation.usage_details": json.dumps(usage)}))
 
     assert mapped.usage == otlp.Usage(
         input_tokens=42, output_tokens=7, total_tokens=49, cache_read_tokens=10, reasoning_tokens=3
@@ -118,7 +119,7 @@ def test_usage_details_keel_has_no_field_for_are_kept_as_sent() -> None:
             otlp.Usage(input_tokens=42, output_tokens=7, total_tokens=49, cache_read_tokens=10, reasoning_tokens=3),
         ),
     ):
-        mapped = otlp.map_span(_raw({"langfuse.observation.usage_details": json.dumps(usage)}))
+        mapped = otlp.map_span(_sdk_raw({"langfuse.observation.usage_details": json.dumps(usage)}))
 
         assert mapped.usage == expected
         assert json.loads(mapped.attributes["langfuse.observation.usage_details"]) == usage
@@ -129,7 +130,7 @@ def test_usage_details_keel_has_no_field_for_are_kept_as_sent() -> None:
 
 def test_a_langfuse_observe_tool_called_with_keyword_arguments_has_those_as_its_arguments() -> None:
     mapped = otlp.map_span(
-        _raw(
+        _sdk_raw(
             {
                 "langfuse.observation.input": json.dumps({"args": [], "kwargs": {"city": "Paris"}}),
                 "langfuse.observation.type": "tool",
@@ -151,12 +152,14 @@ def test_a_langfuse_observe_tool_called_with_keyword_arguments_has_those_as_its_
 def test_a_langfuse_observe_tool_called_with_positional_arguments_keeps_the_recorded_call() -> None:
     recorded = {"args": ["Paris"], "kwargs": {}}
     mapped = otlp.map_span(
-        _raw({"langfuse.observation.input": json.dumps(recorded), "langfuse.observation.type": "tool"}, name="w")
+        _sdk_raw({"langfuse.observation.input": json.dumps(recorded), "langfuse.observation.type": "tool"}, name="w")
     )
     # Names of positional parameters are not sent: nothing better to show than the call as recorded.
     assert mapped.tool_arguments == recorded
     # Keel's own input is taken as the agent wrote it, whatever its keys.
-    keel = otlp.map_span(_raw({"keel.span.type": "tool", "keel.input": json.dumps({"args": [], "kwargs": {"a": 1}})}))
+    keel = otlp.map_span(
+        _sdk_raw({"keel.span.type": "tool", "keel.input": json.dumps({"args": [], "kwargs": {"a": 1}})})
+    )
     assert keel.tool_arguments == {"args": [], "kwargs": {"a": 1}}
 
 
@@ -226,7 +229,7 @@ def test_gen_ai_retrieval_span_shows_its_query_and_documents(otel: OtelRecorder,
 
 def test_retrieval_attributes_do_not_stand_in_for_another_spans_content() -> None:
     mapped = otlp.map_span(
-        _raw(
+        _sdk_raw(
             {
                 "gen_ai.operation.name": "chat",
                 "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": "Hi"}]}]),
@@ -303,21 +306,5 @@ def test_gen_ai_inference_operation_details_event_gives_the_calls_messages(
     assert [event.name for event in mapped.events] == ["gen_ai.client.inference.operation.details"]
 
 
-def _raw(attributes: dict[str, Any], *, name: str = "span") -> otlp.RawSpan:
-    return otlp.RawSpan(
-        trace_id="5b8efff798038103d269b633813fc60c",
-        span_id="eee19b7ec3c1b174",
-        parent_span_id=None,
-        name=name,
-        kind=1,
-        start_time_ns=1_000,
-        end_time_ns=2_000,
-        status_code=0,
-        status_message="",
-        attributes=attributes,
-        events=(),
-        resource_attributes={},
-        scope_name="langfuse-sdk",
-        scope_version="5.0.4",
-        truncated_attributes={},
-    )
+def _sdk_raw(attributes: dict[str, Any], *, name: str = "span") -> otlp.RawSpan:
+    return raw_span(attributes, name=name, scope_name="langfuse-sdk", scope_version="5.0.4")

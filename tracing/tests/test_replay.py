@@ -20,10 +20,7 @@ from tracing.tests.replay_fakes import (
     RECORDED_MODEL,
     REFUND_RESULT,
     TOOLS,
-    Recorded,
     call,
-    fake_provider,
-    network_forbid,
     refund_document,
     refund_recorded,
     say,
@@ -34,18 +31,6 @@ pytestmark = pytest.mark.django_db
 
 SYSTEM_V2_RENDERED = "You are the refund desk of Acme. Refund duplicate charges at once."
 USER = {"role": "user", "content": "I was charged twice for trip T1."}
-
-
-@pytest.fixture
-def fake_llm(monkeypatch):
-    network_forbid(monkeypatch)
-    with fake_provider() as fake:
-        yield fake
-
-
-@pytest.fixture
-def recorded(workspace) -> Recorded:
-    return refund_recorded(workspace)
 
 
 def _replay_state(found: Replay) -> tuple[str, int, int]:

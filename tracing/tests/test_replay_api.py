@@ -13,25 +13,11 @@ from tracing.tests.replay_fakes import (
     ANSWER,
     Recorded,
     call,
-    fake_provider,
-    network_forbid,
     refund_recorded,
     say,
 )
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def fake_llm(monkeypatch):
-    network_forbid(monkeypatch)
-    with fake_provider() as fake:
-        yield fake
-
-
-@pytest.fixture
-def recorded(workspace) -> Recorded:
-    return refund_recorded(workspace)
 
 
 @pytest.fixture

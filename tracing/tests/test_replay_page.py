@@ -13,21 +13,9 @@ from agent_registry.models import Membership, Role, Workspace
 from agent_registry.tests.factories import MembershipFactory, UserFactory
 from tracing import replay
 from tracing.models import Replay
-from tracing.tests.replay_fakes import Recorded, call, fake_provider, network_forbid, refund_recorded, say
+from tracing.tests.replay_fakes import call, say
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def fake_llm(monkeypatch):
-    network_forbid(monkeypatch)
-    with fake_provider() as fake:
-        yield fake
-
-
-@pytest.fixture
-def recorded(workspace) -> Recorded:
-    return refund_recorded(workspace)
 
 
 def _client(workspace: Workspace, role: Role) -> Client:

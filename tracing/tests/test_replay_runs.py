@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -20,52 +18,12 @@ from tracing.models import Replay, Trajectory
 from tracing.tests.replay_fakes import (
     ANSWER,
     FAKE_PROVIDER,
-    FakeReplayLLM,
-    Recorded,
     call,
-    network_forbid,
     refund_recorded,
     say,
 )
 
 pytestmark = pytest.mark.django_db
-
-
-class _FakeWithServer(FakeReplayLLM):
-    """The fake provider, also keeping where each call was sent and with which key."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.servers: list[tuple[str | None, str | None]] = []
-
-    def completion(self, model: str, messages: list[Any], *args: Any, **kwargs: Any) -> Any:
-        self.servers.append((kwargs.get("api_base"), kwargs.get("api_key")))
-        return super().completion(model, messages, *args, **kwargs)
-
-
-@contextmanager
-def _fake_provider() -> Iterator[_FakeWithServer]:
-    import litellm
-
-    fake = _FakeWithServer()
-    previous = litellm.custom_provider_map
-    litellm.custom_provider_map = [*previous, {"provider": FAKE_PROVIDER, "custom_handler": fake}]
-    try:
-        yield fake
-    finally:
-        litellm.custom_provider_map = previous
-
-
-@pytest.fixture
-def fake_llm(monkeypatch):
-    network_forbid(monkeypatch)
-    with _fake_provider() as fake:
-        yield fake
-
-
-@pytest.fixture
-def recorded(workspace) -> Recorded:
-    return refund_recorded(workspace)
 
 
 def _run(original: Trajectory, **options: Any) -> Replay:
