@@ -36,7 +36,7 @@ import orjson
 import psycopg
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
-from django.db.models import F, Min, Q, Sum
+from django.db.models import Exists, F, Min, OuterRef, Q, Sum
 from django.utils import timezone
 from django.utils.text import slugify
 
@@ -1474,7 +1474,11 @@ def pending_scores_attach(*, now: datetime | None = None, limit: int = 1000) -> 
     dropped, _ = PendingScore.objects.filter(created_at__lt=now - timedelta(days=PENDING_SCORE_DAYS)).delete()
     if dropped:
         logger.warning("dropped %d scores whose trace did not arrive within %d days", dropped, PENDING_SCORE_DAYS)
-    waiting = list(PendingScore.objects.select_related("created_via_key").order_by("pk")[:limit])
+    # Only those whose trajectory exists: scores whose trace never comes must not crowd out the others.
+    arrived = Trajectory.objects.filter(workspace_id=OuterRef("workspace_id"), trace_id=OuterRef("trace_id"))
+    waiting = list(
+        PendingScore.objects.filter(Exists(arrived)).select_related("created_via_key").order_by("pk")[:limit]
+    )
     found = {
         (trajectory.workspace_id, trajectory.trace_id): trajectory
         for trajectory in Trajectory.objects.filter(trace_id__in={pending.trace_id for pending in waiting})

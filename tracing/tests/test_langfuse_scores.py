@@ -165,6 +165,22 @@ def test_a_key_limited_to_an_agent_scores_only_its_traces(otel, workspace):
     assert _scores(trace_id) == []
 
 
+def test_scores_whose_trace_never_comes_do_not_hold_back_the_others(otel, workspace):
+    client, api_key = _client(workspace)
+    never = [{"traceId": f"{number:032x}", "name": "helpful", "value": 1.0} for number in range(1, 4)]
+    trace_id = refund_conversation(otel.tracer())
+    assert _post(client, [*never, {"traceId": trace_id, "name": "late", "value": 0.5}]).status_code == 202
+    services.ingest_otlp_accept(
+        api_key=api_key, body=otel.protobuf(), content_type="application/x-protobuf", content_encoding=""
+    )
+
+    attached = services.pending_scores_attach(limit=2)
+
+    assert attached == 1
+    assert [row[0] for row in _scores(trace_id)] == ["late"]
+    assert PendingScore.objects.count() == 3
+
+
 def test_a_score_whose_trace_never_comes_is_dropped_after_a_week(workspace):
     client, _ = _client(workspace)
     assert _post(client, [{"traceId": "ab" * 16, "name": "helpful", "value": 1.0}]).status_code == 202
