@@ -25,6 +25,7 @@ PLAIN_API = {
     "langfuse-otlp-traces": "POST",
     "gateway-chat-completions": "POST",
     "gateway-models": "GET",
+    "gateway-model": "GET",
 }
 ROUTES = all_routes()
 
