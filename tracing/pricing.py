@@ -79,9 +79,8 @@ def litellm_prices() -> dict[str, ModelPrice]:
             output=Decimal(str(output_cost)),
             cache_read=Decimal(str(cache_read)) if isinstance(cache_read, (int, float)) else None,
         )
-        prices[model] = (
-            dataclasses.replace(base, tiers=_tiers(entry, base)) if any(map(_TIER_KEY.match, entry)) else base
-        )
+        tiers = _tiers(entry, base)
+        prices[model] = dataclasses.replace(base, tiers=tiers) if tiers else base
     return prices
 
 

@@ -1345,6 +1345,10 @@ class LangfuseScore:
     external_id: str
 
 
+# What a pending score hands to score_create (its trajectory and key aside).
+_PENDING_SCORE_FIELDS = tuple(field.name for field in dataclasses.fields(LangfuseScore) if field.name != "trace_id")
+
+
 @dataclass(frozen=True, slots=True)
 class ScoresAccepted:
     stored: int  # attached to their trajectories now
@@ -1384,10 +1388,11 @@ def langfuse_score_parse(item: Any) -> LangfuseScore:
         raise exceptions.ScoreInvalid(
             f"dataType {declared!r} has no Keel counterpart: use NUMERIC, BOOLEAN, CATEGORICAL or CORRECTION"
         )
-    number = value if data_type in (ScoreDataType.NUMERIC, ScoreDataType.BOOLEAN) else None
-    text = value if data_type in (ScoreDataType.CATEGORICAL, ScoreDataType.CORRECTION) else ""
-    if not isinstance(text, str) or (number is not None and isinstance(number, str)):
-        raise exceptions.ScoreInvalid(f"a {declared} score's value must be {'text' if number is None else 'a number'}")
+    numeric = data_type in (ScoreDataType.NUMERIC, ScoreDataType.BOOLEAN)
+    if isinstance(value, str) == numeric:
+        raise exceptions.ScoreInvalid(f"a {declared} score's value must be {'a number' if numeric else 'text'}")
+    number: Any = value if numeric else None
+    text = "" if numeric else str(value)
     name, numeric_value = _score_checked(
         name=_text_field(item, "name", 200), data_type=data_type, value=number, string_value=text
     )
@@ -1417,31 +1422,12 @@ def _langfuse_score_store(
     ready = trajectory is not None and (
         not score.span_id or _span_exists(workspace_id=workspace.pk, trace_id=score.trace_id, span_id=score.span_id)
     )
+    fields = dataclasses.asdict(score)  # LangfuseScore's fields are PendingScore's and score_create's
     if ready and trajectory is not None:
-        score_create(
-            trajectory=trajectory,
-            name=score.name,
-            data_type=score.data_type,
-            value=score.value,
-            string_value=score.string_value,
-            span_id=score.span_id,
-            comment=score.comment,
-            created_via_key=api_key,
-            external_id=score.external_id,
-        )
+        del fields["trace_id"]
+        score_create(trajectory=trajectory, created_via_key=api_key, **fields)
         return True
-    PendingScore.objects.create(
-        workspace=workspace,
-        trace_id=score.trace_id,
-        span_id=score.span_id,
-        name=score.name,
-        data_type=score.data_type,
-        value=score.value,
-        string_value=score.string_value,
-        comment=score.comment,
-        created_via_key=api_key,
-        external_id=score.external_id,
-    )
+    PendingScore.objects.create(workspace=workspace, created_via_key=api_key, **fields)
     return False
 
 
@@ -1449,7 +1435,7 @@ def langfuse_scores_accept(*, api_key: ApiKey, items: Sequence[Any]) -> ScoresAc
     """Langfuse's `POST /api/public/scores`. Each score is stored on its trajectory, or kept pending until
     the trajectory (and the scored step) arrives: a Langfuse client flushes scores and spans separately.
     A score Keel cannot take is reported by its position; the others are stored."""
-    agent_ids = registry_selectors.apikey_agent_ids(api_key=api_key)
+    agent_ids = registry_selectors.apikey_agent_ids_kept(api_key=api_key)
     stored = pending = 0
     errors: list[str] = []
     for index, item in enumerate(items):
@@ -1495,20 +1481,15 @@ def pending_scores_attach(*, now: datetime | None = None, limit: int = 1000) -> 
             if not PendingScore.objects.filter(pk=pending.pk).delete()[0]:
                 continue  # another sweep took it
             key = pending.created_via_key
-            agent_ids = registry_selectors.apikey_agent_ids(api_key=key) if key is not None else None
+            # Kept per process (config/config_cache.py): one key's many scores read its agents once.
+            agent_ids = registry_selectors.apikey_agent_ids_kept(api_key=key) if key is not None else None
             if agent_ids is not None and trajectory.agent_id not in agent_ids:
                 logger.warning("dropped a score of trace %s: its key may not score that agent", pending.trace_id)
                 continue
             score_create(
                 trajectory=trajectory,
-                name=pending.name,
-                data_type=pending.data_type,
-                value=pending.value,
-                string_value=pending.string_value,
-                span_id=pending.span_id,
-                comment=pending.comment,
                 created_via_key=key,
-                external_id=pending.external_id,
+                **{name: getattr(pending, name) for name in _PENDING_SCORE_FIELDS},
             )
             attached += 1
     return attached

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from litellm.llms.custom_llm import CustomLLM
+from litellm.types.llms.openai import ChatCompletionToolCallChunk, ChatCompletionToolCallFunctionChunk
 from litellm.types.utils import (
     ChatCompletionMessageToolCall,
     Choices,
@@ -140,12 +141,22 @@ class FakeGatewayLLM(CustomLLM):
         for position, (call_id, name, arguments) in enumerate(calls):
             half = len(arguments) // 2
             for piece in (
-                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments[:half]}},
-                {"id": None, "type": "function", "function": {"name": None, "arguments": arguments[half:]}},
+                ChatCompletionToolCallChunk(
+                    id=call_id,
+                    type="function",
+                    function=ChatCompletionToolCallFunctionChunk(name=name, arguments=arguments[:half]),
+                    index=position,
+                ),
+                ChatCompletionToolCallChunk(
+                    id=None,
+                    type="function",
+                    function=ChatCompletionToolCallFunctionChunk(name=None, arguments=arguments[half:]),
+                    index=position,
+                ),
             ):
                 yield GenericStreamingChunk(
                     text="",
-                    tool_use={**piece, "index": position},  # type: ignore[typeddict-item]
+                    tool_use=piece,
                     is_finished=False,
                     finish_reason="",
                     usage=None,
