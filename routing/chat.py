@@ -104,6 +104,20 @@ class ChatCompletionRequest(BaseModel):
     metadata: dict[str, Any] | None = None
     variables: dict[str, Any] | None = None
 
+    @field_validator("stream_options")
+    @classmethod
+    def _include_usage_is_boolean(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and not isinstance(value.get("include_usage", False), bool):
+            raise ValueError("stream_options.include_usage must be true or false")
+        return value
+
+    @property
+    def usage_streamed(self) -> bool:
+        """Whether a stream ends with a chunk of usage (`stream_options.include_usage`), as OpenAI sends it:
+        `choices` empty. Unasked, no chunk carries usage: a client reading `choices[0]` of every chunk would
+        fail on that one."""
+        return bool(self.stream_options and self.stream_options.get("include_usage") is True)
+
     def messages_json(self) -> list[dict[str, Any]]:
         return [message.model_dump(exclude_none=True) for message in self.messages]
 
@@ -169,4 +183,16 @@ def chunk_body(*, completion_id: str, model: str, delta: dict[str, Any], finish_
         "created": int(time.time()),
         "model": model,
         "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+    }
+
+
+def usage_chunk_body(*, completion_id: str, model: str, usage: dict[str, Any]) -> dict[str, Any]:
+    """The last chunk of a stream whose client asked for usage: no choices, the request's usage."""
+    return {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [],
+        "usage": usage,
     }

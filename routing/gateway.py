@@ -29,7 +29,7 @@ from config import dispatch, write_behind
 from config.config_cache import config_free_transaction
 from config.errors import KeelError, ValidationFailed
 from routing import cache, guarding, hooks, providers, router, selectors, tiers
-from routing.chat import ChatCompletionRequest, chunk_body, completion_body
+from routing.chat import ChatCompletionRequest, chunk_body, completion_body, usage_chunk_body
 from routing.models import (
     Handoff,
     ModelTarget,
@@ -792,8 +792,9 @@ def _sse(data: Any) -> bytes:
     return b"data: " + orjson.dumps(data) + b"\n\n"
 
 
-def _stream_whole(body: dict[str, Any]) -> Iterator[bytes]:
-    """A finished answer as a stream: the role, the content, the finish reason, the usage."""
+def _stream_whole(body: dict[str, Any], *, usage: bool) -> Iterator[bytes]:
+    """A finished answer as a stream: the role, the content, the finish reason (with Keel's extension), then
+    the usage if the client asked for it."""
     completion_id, model = body["id"], body["model"]
     choice = body["choices"][0]
     message = choice["message"]
@@ -810,8 +811,10 @@ def _stream_whole(body: dict[str, Any]) -> Iterator[bytes]:
             chunk_body(completion_id=completion_id, model=model, delta={"tool_calls": calls}, finish_reason=None)
         )
     last = chunk_body(completion_id=completion_id, model=model, delta={}, finish_reason=choice["finish_reason"])
-    last["usage"], last["keel"] = body["usage"], body["keel"]
+    last["keel"] = body["keel"]
     yield _sse(last)
+    if usage:
+        yield _sse(usage_chunk_body(completion_id=completion_id, model=model, usage=body["usage"]))
     yield b"data: [DONE]\n\n"
 
 
@@ -825,8 +828,12 @@ def chat_completion_stream(
     `chat_completion`; a provider that cuts the stream ends it with an error event, and the request is
     recorded either way.
     """
-    plan, target = _plan(api_key=api_key, request=request, conversation_id=conversation_id, record_behind=record_behind)
+    with hooks.request_scope():
+        plan, target = _plan(
+            api_key=api_key, request=request, conversation_id=conversation_id, record_behind=record_behind
+        )
     decision = plan.decision
+    usage = request.usage_streamed
     # An answer that an output check may block or redact is sent once it has passed, as a whole.
     streams_live = target is not None or (
         decision is not None
@@ -838,9 +845,11 @@ def chat_completion_stream(
         cached = _cache_check(plan)
         if cached is not None:
             _record(plan, output=[cached.message], status="ok", result=cached, cache_hit=True)
-            return plan.recorder.trace_id, _stream_whole(_answer(plan, cached, cache_hit=True))
+            return plan.recorder.trace_id, _stream_whole(_answer(plan, cached, cache_hit=True), usage=usage)
     if not streams_live:
-        return plan.recorder.trace_id, _stream_whole(_execute(plan, None)[0])
+        with hooks.request_scope():
+            body = _execute(plan, None)[0]
+        return plan.recorder.trace_id, _stream_whole(body, usage=usage)
     live_target = target or tiers.target_for_tier(agent=plan.agent, config=plan.config, tier=TierChoice.SINGLE_CALL)  # type: ignore[arg-type]
     parameters = plan.request.parameters()
     if plan.request.tools:
@@ -876,11 +885,19 @@ def _stream_live(
     completion_id = f"chatcmpl-{plan.recorder.trace_id}"
     left = False
     try:
+        usage = None
         chunk = first
         while chunk is not None:
-            chunk["id"], chunk["model"] = completion_id, plan.request.model
-            yield _sse(chunk)
+            # Keel asks every provider for usage, which some put on a chunk of their own (litellm: one empty
+            # delta) and some on the last of the answer; the client gets it, if it asked, as OpenAI sends it.
+            usage = chunk.pop("usage", None) or usage
+            chunk["choices"] = [c for c in chunk.get("choices") or () if c.get("delta") or c.get("finish_reason")]
+            if chunk["choices"]:
+                chunk["id"], chunk["model"] = completion_id, plan.request.model
+                yield _sse(chunk)
             chunk = next(chunks, None)
+        if usage and plan.request.usage_streamed:
+            yield _sse(usage_chunk_body(completion_id=completion_id, model=plan.request.model, usage=usage))
         if state.error:
             yield _sse(
                 {
@@ -904,7 +921,8 @@ def _stream_live(
         plan.recorder.generation(completion, messages=plan.messages, tools=plan.request.tools_json())
         result = tiers.single_result(completion)
         # The answer has gone out: the output checks can only record what they find (the policy chose this).
-        _output_guarded(plan, result, sent=True)
+        with hooks.request_scope():
+            _output_guarded(plan, result, sent=True)
         if state.error:
             result.status, result.error_type, result.error_message = "error", "stream_interrupted", state.error
         elif left:

@@ -450,6 +450,32 @@ def test_streaming_forwards_the_providers_chunks_and_records_the_answer(gateway)
     assert trajectory.output_preview == "Your receipt is on its way"
 
 
+@pytest.mark.parametrize("live", [True, False], ids=["live", "finished-answer"])
+def test_a_stream_carries_usage_only_when_the_client_asks_for_it(gateway, live):
+    # OpenAI sends usage in a last chunk of no choices, and only under stream_options.include_usage; a
+    # client that reads choices[0] of every chunk fails on that chunk when it comes unasked.
+    if live:
+        _stream_live(gateway.agent)
+    gateway.fake.script("fast", say("Your receipt is on its way"), say("Your receipt is on its way"))
+
+    unasked = [event for event in _events(gateway.ask("receipt please", stream=True)) if event != "[DONE]"]
+    asked = _events(gateway.ask("receipt please", stream=True, stream_options={"include_usage": True}))
+
+    assert all(event["choices"] and "usage" not in event for event in unasked)
+    assert asked[-1] == "[DONE]"
+    *answer, last = asked[:-1]
+    assert all(event["choices"] and not event.get("usage") for event in answer)
+    assert last["choices"] == []
+    assert last["usage"]["total_tokens"] == last["usage"]["prompt_tokens"] + last["usage"]["completion_tokens"] > 0
+
+
+def test_stream_options_include_usage_must_be_a_boolean(gateway):
+    response = gateway.ask("receipt please", stream=True, stream_options={"include_usage": "yes"})
+
+    assert response.status_code == 400
+    assert "include_usage" in response.json()["error"]["message"]
+
+
 def test_a_stream_cut_by_the_provider_ends_with_an_error_event_and_is_recorded(gateway):
     _stream_live(gateway.agent)
     gateway.fake.script("fast", Cut("one two three four five", after=2))

@@ -23,7 +23,7 @@ def client(live_server, workspace, fake):
 
 
 def test_chat_completions_models_and_streaming_through_the_openai_client(client, fake):
-    fake.script("fast", say("Your trip T1 cost $12.50."), say("Streaming works fine"))
+    fake.script("fast", say("Your trip T1 cost $12.50."), say("Streaming works fine"), say("Streaming works fine"))
 
     completion = client.chat.completions.create(
         model="agent/ride-support",
@@ -42,6 +42,21 @@ def test_chat_completions_models_and_streaming_through_the_openai_client(client,
         stream=True,
     )
     assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == "Streaming works fine"
+
+    chunks = list(
+        client.chat.completions.create(
+            model="agent/ride-support",
+            messages=[{"role": "user", "content": "Say it streams"}],
+            extra_body={"variables": {"company": "Acme"}},
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert [chunk.usage is not None for chunk in chunks].count(True) == 1
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens > 0
+    assert chunks[-1].choices == []
 
     assert [model.id for model in client.models.list()] == ["agent/ride-support", "fast", "strong"]
     assert RoutingDecision.objects.filter(conversation_id="chat-9").count() == 1

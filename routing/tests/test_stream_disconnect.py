@@ -48,7 +48,7 @@ def test_a_client_that_leaves_after_the_finish_chunk_is_recorded_as_served(gatew
     gateway.config.save()
     gateway.fake.script("fast", say("All done"))
 
-    # Role+first word, second word, the finish reason, usage: everything but [DONE].
+    # Role+first word, second word, the finish reason, and [DONE].
     trace_id = _leave_after(gateway, chunks=4)
 
     assert RoutingDecision.objects.get(trace_id=trace_id).status == "ok"
