@@ -38,6 +38,8 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Final
 
+import regex
+
 SINGLE_CALL: Final = "single_call"
 CHAIN: Final = "chain"
 AGENTIC: Final = "agentic"
@@ -269,10 +271,17 @@ class Decision:
 # --- Rules -------------------------------------------------------------------------------------
 
 
+# A pattern rule runs a regular expression the agent's owner wrote on text the caller wrote. Some patterns
+# backtrack catastrophically (`(a+)+$` on a long request) and would hold the request's thread for minutes,
+# so each search runs under this limit (the `regex` engine stops itself). A search that runs out has found
+# nothing: the rule is recorded as "timed_out" and routing goes on without it.
+PATTERN_TIMEOUT_SECONDS = 0.05
+
+
 @dataclass(frozen=True, slots=True)
 class _CompiledRule:
     rule: Rule
-    matcher: re.Pattern[str] | None  # keywords and pattern rules
+    matcher: Any  # keywords rules: an re.Pattern; pattern rules: a regex.Pattern (searched with a time limit)
     threshold: float | None  # amount_over rules
     error: str
 
@@ -304,8 +313,8 @@ def _compile_rule(rule: Rule) -> _CompiledRule:
             # A pattern a future Python will read differently (a nested set) still works today.
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
-                return _CompiledRule(rule, re.compile(value, re.IGNORECASE), None, "")
-        except (re.error, RecursionError, OverflowError) as error:
+                return _CompiledRule(rule, regex.compile(value, regex.IGNORECASE | regex.V0), None, "")
+        except (regex.error, RecursionError, OverflowError) as error:
             return _CompiledRule(rule, None, None, f"invalid regular expression: {error}")
     if kind in ("amount_over", "low_confidence"):
         threshold = _finite_float(value)
@@ -554,7 +563,7 @@ def _analyse(request: Request, policy: Policy) -> _Analysis:
 
 
 def _rule_status(compiled: _CompiledRule, text: str, features: dict[str, Any]) -> tuple[str, str]:
-    """Whether a rule matches ("matched", "no_match", "not_applicable", "invalid") and what it saw."""
+    """Whether a rule matches ("matched", "no_match", "not_applicable", "invalid", "timed_out") and what it saw."""
     rule = compiled.rule
     if compiled.error:
         return "invalid", ""
@@ -564,7 +573,10 @@ def _rule_status(compiled: _CompiledRule, text: str, features: dict[str, Any]) -
         features["keywords"][str(rule.name)] = terms
         return ("matched", f"the request mentions {_quoted(terms)}") if terms else ("no_match", "")
     if rule.kind == "pattern" and compiled.matcher is not None:
-        found = compiled.matcher.search(text)
+        try:
+            found = compiled.matcher.search(text, timeout=PATTERN_TIMEOUT_SECONDS)
+        except TimeoutError:
+            return "timed_out", ""
         return (
             ("matched", f"the request matches /{rule.value}/ ({found.group(0)[:60]!r})") if found else ("no_match", "")
         )
@@ -595,7 +607,8 @@ def request_features(request: Request, policy: Policy) -> dict[str, Any]:
 
     Amounts, stakes, intent, difficulty and keywords come from the request text (`request_text`);
     signals from the whole conversation. `rules` maps each rule's name to "matched", "no_match",
-    "not_applicable" (low_confidence), "invalid" or "tier_disabled" (matched, but to a disabled tier).
+    "not_applicable" (low_confidence), "invalid", "timed_out" (a pattern that ran out of time on this
+    request: not matched) or "tier_disabled" (matched, but to a disabled tier).
     """
     return _analyse(request, policy).features
 

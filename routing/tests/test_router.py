@@ -127,8 +127,16 @@ def test_an_invalid_pattern_never_matches_and_is_reported() -> None:
     assert (decision.tier, decision.method) == ("single_call", "default")
     assert decision.features["rules"] == {"pattern-rule": "invalid"}
     assert rule_errors([rule("pattern", "([")]) == [
-        "rule 'pattern-rule': invalid regular expression: unterminated character set at position 1"
+        "rule 'pattern-rule': invalid regular expression: unterminated character set at position 2"
     ]
+
+
+def test_a_pattern_that_backtracks_without_end_is_stopped_and_recorded_as_timed_out() -> None:
+    # (a|aa)+$ on 60 a's and a "b": the re module takes 0.4 s on 28 a's, and 1.6 times longer for each more.
+    decision = route_with_rule("a" * 60 + "b", "pattern", r"(a|aa)+$")
+
+    assert (decision.tier, decision.method) == ("single_call", "default")
+    assert decision.features["rules"] == {"pattern-rule": "timed_out"}
 
 
 def test_rule_errors_names_each_problem() -> None:
