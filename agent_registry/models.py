@@ -290,6 +290,7 @@ class AuditAction(models.TextChoices):
     LANGFUSE_MIRROR_CHANGED = "langfuse_mirror.changed", "Langfuse mirror configured"
     LANGFUSE_MIRROR_DELETED = "langfuse_mirror.deleted", "Langfuse mirror removed"
     MODEL_PRICE_CHANGED = "model_price.changed", "Model price set"
+    MODEL_PRICE_DELETED = "model_price.deleted", "Model price removed"
     EXPORT_CREATED = "export.created", "Export created"
     EXPORT_DOWNLOADED = "export.downloaded", "Export downloaded"
     TRAINING_JOB_CREATED = "training_job.created", "Training job created"

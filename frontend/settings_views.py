@@ -210,6 +210,19 @@ def langfuse_mirror_delete_view(request: HtmxHttpRequest, membership: Membership
 
 @workspace_view()
 @require_POST
+def model_price_delete_view(request: HtmxHttpRequest, membership: Membership) -> HttpResponse:
+    model = request.POST.get("model", "")
+    try:
+        tracing_services.model_price_delete(workspace=membership.workspace, model=model, deleted_by=membership.user)
+    except exceptions.ModelPriceNotFound:
+        messages.info(request, f"{model} had no price of this workspace's own: nothing to remove.")
+    else:
+        messages.success(request, f"Removed the price of {model}: new spans of it are priced from litellm's map.")
+    return redirect("frontend:integration_list", workspace_slug=membership.workspace.slug)
+
+
+@workspace_view()
+@require_POST
 def model_price_set_view(request: HtmxHttpRequest, membership: Membership) -> HttpResponse:
     form = ModelPriceForm(request.POST)
     if form.is_valid():

@@ -76,6 +76,7 @@ integration_patterns: list[URLPattern | URLResolver] = [
     path("langfuse/retry/", settings_views.langfuse_export_retry_view, name="langfuse_export_retry"),
     path("langfuse/delete/", settings_views.langfuse_mirror_delete_view, name="langfuse_mirror_delete"),
     path("model-prices/", settings_views.model_price_set_view, name="model_price_set"),
+    path("model-prices/delete/", settings_views.model_price_delete_view, name="model_price_delete"),
 ]
 
 routing_patterns: list[URLPattern | URLResolver] = [

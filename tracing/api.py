@@ -392,6 +392,15 @@ def model_price_list_api(request: HttpRequest) -> Any:
     ]
 
 
+@router.delete("/model-prices/{path:model}", auth=WRITE, response={204: None, **ERRORS})
+def model_price_delete_api(request: HttpRequest, model: str) -> Any:
+    """Remove the workspace's price for a model; litellm's price map prices its new spans again."""
+    services.model_price_delete(
+        workspace=request_workspace(request), model=model, deleted_via_key=request_api_key(request)
+    )
+    return Status(204, None)
+
+
 @router.put("/model-prices", auth=WRITE, response={200: ModelPriceOut, **ERRORS})
 def model_price_set_api(request: HttpRequest, payload: ModelPriceIn) -> Any:
     """Set the workspace's price for a model (USD per million tokens); it wins over litellm's price map."""

@@ -47,6 +47,10 @@ class ModelPriceInvalid(ValidationFailed):
     code = "model_price_invalid"
 
 
+class ModelPriceNotFound(NotFound):
+    code = "model_price_not_found"
+
+
 class TrajectoryListInvalid(ValidationFailed):
     code = "invalid_query"
 

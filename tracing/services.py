@@ -1543,6 +1543,30 @@ def model_price_set(
     return price
 
 
+def model_price_delete(
+    *, workspace: Workspace, model: str, deleted_by: User | None = None, deleted_via_key: ApiKey | None = None
+) -> None:
+    """Remove the workspace's own price for `model`: new spans of it are priced from litellm's price map
+    again (stored spans keep their cost). Raises ModelPriceNotFound when the workspace has none."""
+    with transaction.atomic():
+        price = ModelPriceOverride.objects.select_for_update().filter(workspace=workspace, model=model.strip()).first()
+        if price is None:
+            raise exceptions.ModelPriceNotFound(f"this workspace has no price of its own for {model!r}")
+        audit.record(
+            workspace=workspace,
+            action=AuditAction.MODEL_PRICE_DELETED,
+            user=deleted_by,
+            api_key=deleted_via_key,
+            target=price,
+            target_name=price.model,
+            details={
+                "input_usd_per_million": str(price.input_usd_per_million),
+                "output_usd_per_million": str(price.output_usd_per_million),
+            },
+        )
+        price.delete()
+
+
 # --- Retention ---------------------------------------------------------------------------------------
 
 

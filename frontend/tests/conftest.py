@@ -539,6 +539,7 @@ def post_cases(tenant: Tenant) -> dict[str, tuple[str, dict[str, Any]]]:
             f"/w/{ws}/integrations/model-prices/",
             {"model": "acme-large", "input_usd_per_million": "3", "output_usd_per_million": "12"},
         ),
+        "model_price_delete": (f"/w/{ws}/integrations/model-prices/delete/", {"model": "acme-large"}),
         "model_target_create": (
             f"/w/{ws}/model-targets/",
             {

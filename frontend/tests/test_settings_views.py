@@ -12,7 +12,7 @@ import pytest
 from django.utils import timezone
 
 from agent_registry import services
-from agent_registry.models import Agent
+from agent_registry.models import Agent, AuditEvent
 from config import crypto
 from frontend.tests.conftest import TENANT_LANGFUSE_SECRET, db_state
 from tracing import langfuse_bridge
@@ -391,6 +391,21 @@ def test_an_invalid_model_price_shows_the_field_error_and_saves_nothing(tenant, 
     assert message in response.content.decode()
 
 
+def test_a_member_removes_a_price_and_it_is_audited(tenant, member_client):
+    url = _integrations_url(tenant)
+
+    page = member_client.get(url).content.decode()
+    removed = member_client.post(url + "model-prices/delete/", {"model": "acme-large"}, follow=True)
+    missing = member_client.post(url + "model-prices/delete/", {"model": "acme-large"}, follow=True)
+
+    assert 'aria-label="Remove the price of acme-large"' in page
+    assert "Removed the price of acme-large" in removed.content.decode()
+    assert "acme-large had no price of this workspace&#x27;s own" in missing.content.decode()
+    assert not ModelPriceOverride.objects.filter(workspace=tenant.workspace).exists()
+    event = AuditEvent.objects.get(workspace=tenant.workspace, action="model_price.deleted")
+    assert (event.target_name, event.details["input_usd_per_million"]) == ("acme-large", "2.500000")
+
+
 def test_a_viewer_reads_the_prices_and_cannot_set_one(tenant, viewer_client):
     before = db_state()
 
@@ -403,7 +418,10 @@ def test_a_viewer_reads_the_prices_and_cannot_set_one(tenant, viewer_client):
     assert '<td class="num">$2.5</td>' in page.content.decode()
     assert "Members set prices." in page.content.decode()
     assert "Save price" not in page.content.decode()
+    assert "Remove the price" not in page.content.decode()
     assert refused.status_code == 403
+    removal = viewer_client.post(_integrations_url(tenant) + "model-prices/delete/", {"model": "acme-large"})
+    assert removal.status_code == 403
     assert db_state() == before
 
 

@@ -47,6 +47,7 @@ AUDITED_POSTS = {
     "langfuse_mirror_configure": "langfuse_mirror.changed",
     "langfuse_mirror_delete": "langfuse_mirror.deleted",
     "model_price_set": "model_price.changed",
+    "model_price_delete": "model_price.deleted",
     "model_target_create": "model_target.created",
     "model_target_edit": "model_target.changed",
     "model_target_delete": "model_target.deleted",
@@ -243,6 +244,7 @@ def _api_cases(tenant: Tenant) -> dict[str, tuple[str, str, Any, str]]:  # noqa:
             {"model": "m", "input_usd_per_million": 1, "output_usd_per_million": 2},
             "model_price.changed",
         ),
+        "price_delete": ("delete", "/api/v1/model-prices/acme-large", None, "model_price.deleted"),
         "export_create": (
             "post",
             f"/api/v1/curations/{tenant.curation.name}/exports",
@@ -264,7 +266,7 @@ API_CASES = [
     "key_create", "key_revoke", "agent_create", "agent_update", "label_move", "label_delete",
     "prompt_delete", "policy_save", "approval_decide", "budget_create", "budget_delete", "target_create",
     "target_update", "router_update", "chain_set", "tool_create", "tool_update", "tool_delete",
-    "alert_rule_create", "mirror_configure", "mirror_delete", "price_set", "export_create", "export_download",
+    "alert_rule_create", "mirror_configure", "mirror_delete", "price_set", "price_delete", "export_create", "export_download",
     "job_create", "agent_delete",
 ]  # fmt: skip
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from frontend.tests.conftest import Tenant, _tenant
 from guardrails import services as guardrail_services
 from routing.models import ModelTarget
 from routing.tests.fakes import FAKE_PROVIDER
+from tracing import services as tracing_services
 from trainer_bridge import jobs
 
 # Strings only our workspace's rows contain: none may appear in anything another workspace is shown.
@@ -130,6 +132,10 @@ def world_build(media: Path) -> World:
         workspace=ours, alias="matrix-fake", model=f"{FAKE_PROVIDER}/matrix", tier="single_call", max_retries=0
     )
 
+    price = tracing_services.model_price_set(
+        workspace=ours, model="matrix/priced-model", input_usd_per_million=Decimal(1), output_usd_per_million=Decimal(2)
+    )
+
     item = tenant.sample.items.order_by("position").first()
     assert item is not None
     values: dict[str, Any] = {
@@ -160,6 +166,7 @@ def world_build(media: Path) -> World:
         "queued_export": tenant.queued_export.pk,
         "job": tenant.training_job.pk,
         "key": revocable.pk,
+        "price": price.model,
         # The agent's guardrail policy as it stands, for a save that changes nothing but is a save.
         "policy": guardrail_services.guardrail_policy_get(agent=tenant.agent).document.model_dump(mode="json"),
     }

@@ -63,6 +63,30 @@ def test_a_price_set_then_changed_prices_new_spans_and_leaves_stored_ones(
     ]
 
 
+def test_a_removed_price_leaves_new_spans_to_litellms_map_and_stored_ones_as_priced(
+    otel, workspace, other_workspace, api_client_for
+):
+    client = api_client_for(workspace)
+    _price(client, "openai/gpt-4o-mini", "100", "200")
+    _price(api_client_for(other_workspace), "openai/gpt-4o-mini", "100", "200")
+    _chat(otel.tracer(), "priced", "openai/gpt-4o-mini")
+    otel.ingest(workspace)
+
+    removed = client.delete("/api/v1/model-prices/openai/gpt-4o-mini")
+    again = client.delete("/api/v1/model-prices/openai/gpt-4o-mini")
+    _chat(otel.tracer(), "mapped", "openai/gpt-4o-mini")
+    otel.ingest(workspace)
+
+    assert removed.status_code == 204
+    assert again.status_code == 404
+    assert again.json()["code"] == "model_price_not_found"
+    assert _cost("priced") == Decimal("120.00000000")
+    assert _cost("mapped") == pricing.generation_cost("openai/gpt-4o-mini", 1_000_000, 100_000) < Decimal(1)
+    assert client.get("/api/v1/model-prices").json() == []
+    # The other workspace's price of the same model is its own.
+    assert len(api_client_for(other_workspace).get("/api/v1/model-prices").json()) == 1
+
+
 def test_a_late_span_of_a_stored_trace_is_priced_anew_and_its_stored_spans_keep_their_cost(
     otel, workspace, api_client_for
 ):
