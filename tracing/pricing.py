@@ -2,7 +2,8 @@
 
 Prices come from litellm's price map, read straight from the JSON file litellm ships (importing
 litellm takes seconds and may reach for the network; reading its data file does neither), and from
-per-workspace overrides, which win. A span that reports its own cost keeps it.
+per-workspace overrides, which win. A span that reports its own cost keeps it, unless it reports 0 for a
+model the workspace prices.
 """
 
 from __future__ import annotations
@@ -130,12 +131,17 @@ def price_find(model: str, overrides: Mapping[str, ModelPrice] | None = None) ->
     An override for a model also prices its dated snapshots (`gpt-4o-2024-08-06`, `claude-sonnet-4-5-20250929`),
     over litellm's price for the snapshot: providers answer with the snapshot that served a call, and spans name
     the model as answered, while a negotiated rate is for the model."""
+    return override_find(model, overrides) or _litellm_price(model)
+
+
+def override_find(model: str, overrides: Mapping[str, ModelPrice] | None) -> ModelPrice | None:
+    """The workspace's own price of `model` (or of the model a dated snapshot is of), if it has one."""
     if overrides:
         names = _candidates(model)
         for name in names + _undated(names):
             if name in overrides:
                 return overrides[name]
-    return _litellm_price(model)
+    return None
 
 
 def generation_cost(

@@ -561,8 +561,16 @@ _SPAN_COLUMNS = (
 
 
 def _priced(span: otlp.Span, overrides: Mapping[str, pricing.ModelPrice]) -> otlp.Span:
-    if span.cost_usd is not None or span.span_type != "generation":
+    """A generation span with its cost: the one it reports, else from the workspace's prices or litellm's.
+
+    A reported cost of 0 gives way to a price of the workspace's own: SDKs report 0 for a model their own
+    price map lacks (a fine-tune, a self-hosted model), and that is what a workspace price is set for."""
+    if span.span_type != "generation":
         return span
+    if span.cost_usd is not None:
+        unpriced_by_sender = span.cost_usd == 0 and span.model and pricing.override_find(span.model, overrides)
+        if not unpriced_by_sender:
+            return span
     cost = pricing.generation_cost(
         span.model, span.usage.input_tokens, span.usage.output_tokens, span.usage.cache_read_tokens, overrides
     )

@@ -87,6 +87,22 @@ def test_a_removed_price_leaves_new_spans_to_litellms_map_and_stored_ones_as_pri
     assert len(api_client_for(other_workspace).get("/api/v1/model-prices").json()) == 1
 
 
+def test_a_reported_cost_of_zero_gives_way_to_the_workspaces_price_and_any_other_reported_cost_stands(
+    otel, workspace, api_client_for
+):
+    # An SDK that does not know a fine-tune reports its cost as 0; the workspace priced it for that reason.
+    _price(api_client_for(workspace), "my-finetune", "1", "2")
+    tracer = otel.tracer()
+    _chat(tracer, "zero", "my-finetune", **{"gen_ai.usage.cost": 0.0})
+    _chat(tracer, "reported", "my-finetune", **{"gen_ai.usage.cost": 0.5})
+    _chat(tracer, "zero, not priced here", "gpt-4o", **{"gen_ai.usage.cost": 0.0})
+    otel.ingest(workspace)
+
+    assert _cost("zero") == Decimal("1.20000000")
+    assert _cost("reported") == Decimal("0.50000000")
+    assert _cost("zero, not priced here") == Decimal(0)
+
+
 def test_a_late_span_of_a_stored_trace_is_priced_anew_and_its_stored_spans_keep_their_cost(
     otel, workspace, api_client_for
 ):
