@@ -55,6 +55,7 @@ class Objects:
     rule_id: int
     alert_id: int
     slug: str
+    model: str  # of a price of its own
 
     def fill(self, text: str) -> str:
         for name, value in vars(self).items():
@@ -94,6 +95,7 @@ def _tenant(workspace: Workspace, prefix: str) -> Objects:
         rule_id=rule.pk,
         alert_id=alert.pk,
         slug=agent.slug,
+        model=f"{prefix}-large",
     )
 
 
@@ -179,6 +181,7 @@ NAMED = [
     ("GET", "/api/v1/alerts?agent={slug}", None, "agent_not_found"),
     ("GET", "/api/v1/alerts/{alert_id}", None, "alert_not_found"),
     ("POST", "/api/v1/alerts/{alert_id}/acknowledge", None, "alert_not_found"),
+    ("DELETE", "/api/v1/model-prices/{model}", None, "model_price_not_found"),
 ]
 
 # (method, path, body, status): each names nothing; B's key answers for B alone.
