@@ -73,13 +73,18 @@ def langfuse_attributes(span: Span) -> dict[str, Scalar]:
         attributes["langfuse.observation.output"] = _json(span.output)
     if span.model:
         attributes["langfuse.observation.model.name"] = span.model
+    counts = span.usage
+    # Langfuse's buckets do not overlap: its `input` is the prompt less what was read from or written to a
+    # cache, which Keel counts within the prompt.
+    cache = (counts.cache_read_tokens or 0) + (counts.cache_write_tokens or 0)
     usage = {
         name: value
         for name, value in (
-            ("input", span.usage.input_tokens),
-            ("output", span.usage.output_tokens),
-            ("total", span.usage.total_tokens),
-            ("cache_read_input_tokens", span.usage.cache_read_tokens),
+            ("input", None if counts.input_tokens is None else max(0, counts.input_tokens - cache)),
+            ("output", counts.output_tokens),
+            ("total", counts.total_tokens),
+            ("cache_read_input_tokens", counts.cache_read_tokens),
+            ("cache_creation_input_tokens", counts.cache_write_tokens),
         )
         if value is not None
     }

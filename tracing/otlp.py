@@ -823,8 +823,12 @@ class Usage:
     input_tokens: int | None = None
     output_tokens: int | None = None
     total_tokens: int | None = None
+    # Of input_tokens, which count every token of the prompt (as OTel's GenAI conventions and OpenAI count
+    # them): those read from the provider's cache, and those written to it (Anthropic bills writes above
+    # plain input).
     cache_read_tokens: int | None = None
     reasoning_tokens: int | None = None
+    cache_write_tokens: int | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -834,6 +838,7 @@ class Usage:
             and self.total_tokens is None
             and self.cache_read_tokens is None
             and self.reasoning_tokens is None
+            and self.cache_write_tokens is None
         )
 
 
@@ -964,6 +969,11 @@ _USAGE_ATTRIBUTE_KEYS: Final = {
         "gen_ai.usage.reasoning.output_tokens",
         "gen_ai.usage.reasoning_tokens",
     ),
+    "cache_write_tokens": (
+        "llm.token_count.prompt_details.cache_write",
+        "gen_ai.usage.cache_creation.input_tokens",
+        "gen_ai.usage.cache_creation_input_tokens",
+    ),
 }
 # Keys Langfuse's SDKs and integrations use inside `langfuse.observation.usage_details`.
 _LANGFUSE_USAGE_KEYS: Final = {
@@ -978,13 +988,28 @@ _LANGFUSE_USAGE_KEYS: Final = {
         "cache_read",
     ),
     "reasoning_tokens": ("output_reasoning_tokens", "reasoning_tokens", "output_reasoning", "reasoning"),
+    "cache_write_tokens": (
+        "input_cache_creation",
+        "cache_creation_input_tokens",
+        "input_cache_write",
+        "cache_write_input_tokens",
+        "cache_creation",
+    ),
 }
+# Langfuse's own usage_details (as its SDKs and integrations write them, and as a provider's usage object
+# without OpenAI's nested details reads, Anthropic's among them) are buckets that do not overlap: `input` is
+# the prompt's tokens not read from or written to a cache, each `input_*` key and the cache counts another
+# part of the prompt, and `output_*` keys parts of the output (Langfuse prices each bucket).
+_LANGFUSE_INPUT_BUCKETS: Final = ("cache_read_input_tokens", "cache_creation_input_tokens", "cache_write_input_tokens")
+_LANGFUSE_BASE_KEYS: Final = frozenset({"input_tokens", "output_tokens"})
 # Langfuse's OpenAI integration passes OpenAI's usage object on as it is, with the cache and reasoning
 # counts nested (Chat Completions' `prompt_tokens_details`, the Responses API's `input_tokens_details`).
 _NESTED_USAGE_KEYS: Final = {
     "cache_read_tokens": (("prompt_tokens_details", "input_tokens_details"), "cached_tokens"),
     "reasoning_tokens": (("completion_tokens_details", "output_tokens_details"), "reasoning_tokens"),
 }
+
+_NESTED_PARENTS: Final = frozenset(parent for parents, _ in _NESTED_USAGE_KEYS.values() for parent in parents)
 
 _LANGFUSE_TYPES: Final[dict[str, SpanType]] = {
     "generation": "generation",
@@ -1090,7 +1115,14 @@ _CONTENT_KEYS: Final = frozenset(
         "gen_ai.retrieval.documents",
     )
 )
-_USAGE_FIELDS: Final = ("input_tokens", "output_tokens", "total_tokens", "cache_read_tokens", "reasoning_tokens")
+_USAGE_FIELDS: Final = (
+    "input_tokens",
+    "output_tokens",
+    "total_tokens",
+    "cache_read_tokens",
+    "reasoning_tokens",
+    "cache_write_tokens",
+)
 
 
 _MESSAGE_EVENT_ROLES: Final = {
@@ -1486,9 +1518,39 @@ def _token_count(value: Any) -> int | None:
 
 
 def _langfuse_usage(details: Mapping[str, Any], values: dict[str, Any]) -> bool:
-    """Read the counts of a Langfuse `usage_details` object into `values`; True when it held nothing else."""
+    """Read the counts of a Langfuse `usage_details` object into `values`; True when it held nothing else.
+
+    OpenAI's usage object passed on as it is (`prompt_tokens`, or nested details) counts the cache's tokens
+    within the prompt's, as Keel does; any other object is Langfuse's buckets, added up into Keel's counts."""
+    if "prompt_tokens" in details or any(isinstance(details.get(parent), dict) for parent in _NESTED_PARENTS):
+        read = _langfuse_fields(details, values)
+        return bool(read) and read.issuperset(details)
+    read = _langfuse_fields(details, values, exclude=("input_tokens", "output_tokens"))
+    parts: dict[str, dict[str, int]] = {"input_tokens": {}, "output_tokens": {}}
+    for key, raw in details.items():
+        count = _int(raw)
+        if count is None or key in _LANGFUSE_BASE_KEYS or "priority" in key:
+            continue
+        if key.startswith("input_") or key in _LANGFUSE_INPUT_BUCKETS:
+            parts["input_tokens"][key] = count
+        elif key.startswith("output_"):
+            parts["output_tokens"][key] = count
+    for field, found in parts.items():
+        named = next((name for name in _LANGFUSE_USAGE_KEYS[field] if details.get(name) not in (None, "")), None)
+        base = _int(details[named]) if named is not None else None
+        if base is not None or found:
+            values[field] = (base or 0) + sum(found.values())
+            read.update(found, () if named is None else (named,))
+    return bool(read) and read.issuperset(details)
+
+
+def _langfuse_fields(details: Mapping[str, Any], values: dict[str, Any], exclude: tuple[str, ...] = ()) -> set[str]:
+    """Each of Keel's counts that `details` names (by `_LANGFUSE_USAGE_KEYS`, or nested as OpenAI nests
+    them) into `values`, but those in `exclude`; returns the keys read."""
     read: set[str] = set()
     for field in _USAGE_FIELDS:
+        if field in exclude:
+            continue
         key = next((key for key in _LANGFUSE_USAGE_KEYS[field] if details.get(key) not in (None, "")), None)
         value = _int(details[key]) if key is not None else None
         if value is None and field in _NESTED_USAGE_KEYS:
@@ -1503,14 +1565,14 @@ def _langfuse_usage(details: Mapping[str, Any], values: dict[str, Any]) -> bool:
             values[field] = value
             if key is not None:
                 read.add(key)
-    return bool(read) and read.issuperset(details)
+    return read
 
 
 def _usage(attributes: Mapping[str, Any], values: dict[str, Any], used: set[str]) -> Usage:
     raw_details = attributes.get("langfuse.observation.usage_details")
     if raw_details is not None:
         details = _json_object(raw_details)
-        # Counts Keel has no field for (Anthropic's cache writes, audio tokens) keep the attribute as sent.
+        # Counts Keel has no field for (audio tokens, cache writes by duration) keep the attribute as sent.
         if details is not None and _langfuse_usage(details, values):
             used.add("langfuse.observation.usage_details")
     input_tokens = _token_count(values.get("input_tokens"))
@@ -1518,17 +1580,19 @@ def _usage(attributes: Mapping[str, Any], values: dict[str, Any], used: set[str]
     total_tokens = _token_count(values.get("total_tokens"))
     cache_read_tokens = _token_count(values.get("cache_read_tokens"))
     reasoning_tokens = _token_count(values.get("reasoning_tokens"))
+    cache_write_tokens = _token_count(values.get("cache_write_tokens"))
     if (
         input_tokens is None
         and output_tokens is None
         and total_tokens is None
         and cache_read_tokens is None
         and reasoning_tokens is None
+        and cache_write_tokens is None
     ):
         return EMPTY_USAGE
     if total_tokens is None and input_tokens is not None and output_tokens is not None:
         total_tokens = input_tokens + output_tokens
-    return Usage(input_tokens, output_tokens, total_tokens, cache_read_tokens, reasoning_tokens)
+    return Usage(input_tokens, output_tokens, total_tokens, cache_read_tokens, reasoning_tokens, cache_write_tokens)
 
 
 def _cost(attributes: Mapping[str, Any], values: Mapping[str, Any], used: set[str]) -> float | None:

@@ -25,7 +25,8 @@ _MILLION = Decimal(1_000_000)
 _SNAPSHOT_DATE = re.compile(r"[-@](?:\d{4}-\d{2}-\d{2}|20\d{6})$")
 # litellm's long-context prices: `input_cost_per_token_above_200k_tokens` and its output and cache-read kin.
 _TIER_KEY = re.compile(
-    r"^(?:input_cost_per_token|output_cost_per_token|cache_read_input_token_cost)_above_(\d+)(k?)_tokens$"
+    r"^(?:input_cost_per_token|output_cost_per_token|cache_read_input_token_cost|cache_creation_input_token_cost)"
+    r"_above_(\d+)(k?)_tokens$"
 )
 
 
@@ -36,6 +37,8 @@ class ModelPrice:
     input: Decimal
     output: Decimal
     cache_read: Decimal | None = None
+    # Writing a prompt to the provider's cache (Anthropic: 1.25 times input); None charges it as input.
+    cache_write: Decimal | None = None
     # (prompt size, price) by size: a call whose prompt has more input tokens than a tier's size is charged
     # at that tier's prices for all of its tokens, as the provider bills it (and litellm counts it).
     tiers: tuple[tuple[int, ModelPrice], ...] = ()
@@ -74,11 +77,12 @@ def litellm_prices() -> dict[str, ModelPrice]:
         input_cost, output_cost = entry.get("input_cost_per_token"), entry.get("output_cost_per_token")
         if not isinstance(input_cost, (int, float)) or not isinstance(output_cost, (int, float)):
             continue
-        cache_read = entry.get("cache_read_input_token_cost")
+        cache_read, cache_write = entry.get("cache_read_input_token_cost"), entry.get("cache_creation_input_token_cost")
         base = ModelPrice(
             input=Decimal(str(input_cost)),
             output=Decimal(str(output_cost)),
             cache_read=Decimal(str(cache_read)) if isinstance(cache_read, (int, float)) else None,
+            cache_write=Decimal(str(cache_write)) if isinstance(cache_write, (int, float)) else None,
         )
         tiers = _tiers(entry, base)
         prices[model] = dataclasses.replace(base, tiers=tiers) if tiers else base
@@ -101,10 +105,12 @@ def _tiers(entry: Mapping[str, Any], base: ModelPrice) -> tuple[tuple[int, Model
         input_rate = rate(f"input_cost_per_token_above_{name}_tokens")
         output_rate = rate(f"output_cost_per_token_above_{name}_tokens")
         cache_read = rate(f"cache_read_input_token_cost_above_{name}_tokens")
+        cache_write = rate(f"cache_creation_input_token_cost_above_{name}_tokens")
         price = ModelPrice(
             input=base.input if input_rate is None else input_rate,
             output=base.output if output_rate is None else output_rate,
             cache_read=base.cache_read if cache_read is None else cache_read,
+            cache_write=base.cache_write if cache_write is None else cache_write,
         )
         tiers.append((size, price))
     return tuple(tiers)
@@ -150,6 +156,7 @@ def generation_cost(
     output_tokens: int | None,
     cache_read_tokens: int | None = None,
     overrides: Mapping[str, ModelPrice] | None = None,
+    cache_write_tokens: int | None = None,
 ) -> Decimal | None:
     """USD for one call; None when the model has no known price or no tokens were reported."""
     if not model or (input_tokens is None and output_tokens is None):
@@ -157,10 +164,14 @@ def generation_cost(
     found = price_find(model, overrides)
     if found is None:
         return None
-    price = found.for_prompt(input_tokens or 0)
-    cached = max(0, min(cache_read_tokens or 0, input_tokens or 0)) if price.cache_read is not None else 0
-    fresh_input = (input_tokens or 0) - cached
-    cost = price.input * fresh_input + price.output * (output_tokens or 0)
+    prompt = input_tokens or 0
+    price = found.for_prompt(prompt)
+    # The cache's tokens are among the prompt's: each part at its own rate, the rest at the input rate.
+    cached = max(0, min(cache_read_tokens or 0, prompt)) if price.cache_read is not None else 0
+    written = max(0, min(cache_write_tokens or 0, prompt - cached)) if price.cache_write is not None else 0
+    cost = price.input * (prompt - cached - written) + price.output * (output_tokens or 0)
     if cached and price.cache_read is not None:
         cost += price.cache_read * cached
+    if written and price.cache_write is not None:
+        cost += price.cache_write * written
     return cost.quantize(Decimal("0.00000001"))

@@ -126,6 +126,8 @@ def span_record(span: Span, cost_usd: Decimal | None = None) -> SpanRecord:
         "cache_read_tokens": span.usage.cache_read_tokens,
         "reasoning_tokens": span.usage.reasoning_tokens,
     }
+    if span.usage.cache_write_tokens is not None:  # rare: not a null on every span
+        data["usage"]["cache_write_tokens"] = span.usage.cache_write_tokens
     if cost_usd is None and span.cost_usd is not None:
         cost_usd = Decimal(str(span.cost_usd))
     return SpanRecord(
@@ -184,6 +186,7 @@ def span_from_record(columns: Mapping[str, Any], data: Mapping[str, Any]) -> Spa
             total_tokens=columns.get("total_tokens"),
             cache_read_tokens=usage.get("cache_read_tokens"),
             reasoning_tokens=usage.get("reasoning_tokens"),
+            cache_write_tokens=usage.get("cache_write_tokens"),
         ),
         cost_usd=float(cost) if cost is not None else None,
         prompt_name=data.get("prompt_name"),

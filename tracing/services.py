@@ -571,8 +571,14 @@ def _priced(span: otlp.Span, overrides: Mapping[str, pricing.ModelPrice]) -> otl
         unpriced_by_sender = span.cost_usd == 0 and span.model and pricing.override_find(span.model, overrides)
         if not unpriced_by_sender:
             return span
+    usage = span.usage
     cost = pricing.generation_cost(
-        span.model, span.usage.input_tokens, span.usage.output_tokens, span.usage.cache_read_tokens, overrides
+        span.model,
+        usage.input_tokens,
+        usage.output_tokens,
+        usage.cache_read_tokens,
+        overrides,
+        cache_write_tokens=usage.cache_write_tokens,
     )
     return span if cost is None else dataclasses.replace(span, cost_usd=float(cost))
 

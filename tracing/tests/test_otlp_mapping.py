@@ -204,7 +204,7 @@ def test_langfuse_attributes(otel: OtelRecorder, content_type: str) -> None:
                 ),
                 "langfuse.observation.model.name": "gpt-4o-mini",
                 "langfuse.observation.usage_details": json.dumps(
-                    {"input": 50, "output": 12, "total": 62, "input_cached_tokens": 20}
+                    {"input": 30, "output": 12, "total": 62, "input_cached_tokens": 20}
                 ),
                 "langfuse.observation.cost_details": json.dumps({"input": 0.0001, "output": 0.0002}),
                 "langfuse.observation.prompt.name": "weather-bot",

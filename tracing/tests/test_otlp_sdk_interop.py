@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tracing import otlp, records
+from tracing import langfuse_encode, otlp, records
 from tracing.steps import trajectory_view_build
 from tracing.tests.conftest import OtelRecorder
 from tracing.tests.test_otlp_mapping import raw_span
@@ -107,22 +107,74 @@ def test_the_responses_apis_nested_usage_details_are_read_too() -> None:
 
 
 def test_usage_details_keel_has_no_field_for_are_kept_as_sent() -> None:
-    # Anthropic's cache writes (priced above plain input) and OpenAI's audio counts: read what Keel can,
-    # and keep the attribute, rather than drop the counts it cannot hold.
-    anthropic = {"input": 12, "output": 30, "cache_read_input_tokens": 900, "cache_creation_input_tokens": 2048}
-    openai = {**OPENAI_USAGE, "prompt_tokens_details": {"cached_tokens": 10, "audio_tokens": 0}}
+    # OpenAI's audio counts: read what Keel can, and keep the attribute, rather than drop what it cannot hold.
+    usage = {**OPENAI_USAGE, "prompt_tokens_details": {"cached_tokens": 10, "audio_tokens": 0}}
 
-    for usage, expected in (
-        (anthropic, otlp.Usage(input_tokens=12, output_tokens=30, total_tokens=42, cache_read_tokens=900)),
+    mapped = otlp.map_span(_sdk_raw({"langfuse.observation.usage_details": json.dumps(usage)}))
+
+    assert mapped.usage == otlp.Usage(
+        input_tokens=42, output_tokens=7, total_tokens=49, cache_read_tokens=10, reasoning_tokens=3
+    )
+    assert json.loads(mapped.attributes["langfuse.observation.usage_details"]) == usage
+
+
+@pytest.mark.parametrize(
+    ("usage", "expected"),
+    [
+        # Anthropic's usage object as Langfuse's integrations pass it on: its input_tokens leave out the cache's.
         (
-            openai,
-            otlp.Usage(input_tokens=42, output_tokens=7, total_tokens=49, cache_read_tokens=10, reasoning_tokens=3),
+            {
+                "input_tokens": 12,
+                "output_tokens": 30,
+                "cache_read_input_tokens": 900,
+                "cache_creation_input_tokens": 2048,
+            },
+            otlp.Usage(
+                input_tokens=2960, output_tokens=30, total_tokens=2990, cache_read_tokens=900, cache_write_tokens=2048
+            ),
         ),
-    ):
-        mapped = otlp.map_span(_sdk_raw({"langfuse.observation.usage_details": json.dumps(usage)}))
+        # Langfuse's LangChain handler: each part of the prompt and of the output in a bucket of its own.
+        (
+            {"input": 12, "output": 20, "input_cache_read": 900, "input_cache_creation": 48, "output_reasoning": 10},
+            otlp.Usage(
+                input_tokens=960,
+                output_tokens=30,
+                total_tokens=990,
+                cache_read_tokens=900,
+                reasoning_tokens=10,
+                cache_write_tokens=48,
+            ),
+        ),
+    ],
+    ids=["anthropic", "langchain-buckets"],
+)
+def test_langfuses_usage_buckets_add_up_to_the_prompt_and_the_output(
+    usage: dict[str, int], expected: otlp.Usage
+) -> None:
+    # Langfuse prices each bucket; Keel counts the cache's tokens within the prompt. Read as a prompt of 12
+    # tokens, the call above was priced at a tenth of its cost.
+    mapped = otlp.map_span(_sdk_raw({"langfuse.observation.usage_details": json.dumps(usage)}))
 
-        assert mapped.usage == expected
-        assert json.loads(mapped.attributes["langfuse.observation.usage_details"]) == usage
+    assert mapped.usage == expected
+    assert "langfuse.observation.usage_details" not in mapped.attributes
+
+
+def test_the_langfuse_mirror_sends_usage_as_langfuses_buckets_which_read_back_the_same() -> None:
+    usage = {"input_tokens": 12, "output_tokens": 30, "cache_read_input_tokens": 900, "cache_creation_input_tokens": 48}
+    mapped = otlp.map_span(_sdk_raw({"langfuse.observation.usage_details": json.dumps(usage)}))
+
+    mirrored = json.loads(str(langfuse_encode.langfuse_attributes(mapped)["langfuse.observation.usage_details"]))
+    again = otlp.map_span(_sdk_raw({"langfuse.observation.usage_details": json.dumps(mirrored)}))
+
+    # Sending the whole prompt as `input` beside the cache's buckets had Langfuse count the cache twice.
+    assert mirrored == {
+        "input": 12,
+        "output": 30,
+        "total": 990,
+        "cache_read_input_tokens": 900,
+        "cache_creation_input_tokens": 48,
+    }
+    assert again.usage == mapped.usage
 
 
 # --- Langfuse: @observe(as_type="tool") ------------------------------------------------------------------

@@ -21,6 +21,20 @@ def test_cost_counts_input_output_and_cached_tokens_at_their_prices():
     assert cost == Decimal("0.00300000")  # 600 × 2.5e-6 + 400 × 1.25e-6 + 100 × 1e-5
 
 
+def test_cache_writes_are_charged_at_their_rate_and_an_unknown_write_rate_charges_them_as_input():
+    # claude-sonnet-4-5: $3 / M input, $15 / M output, $0.30 / M cache read, $3.75 / M cache write.
+    cost = pricing.generation_cost(
+        "anthropic/claude-sonnet-4-5", 2960, 30, cache_read_tokens=900, cache_write_tokens=2048
+    )
+    override = {"claude-sonnet-4-5": pricing.ModelPrice.per_million(Decimal(3), Decimal(15), Decimal("0.3"))}
+    as_input = pricing.generation_cost(
+        "claude-sonnet-4-5", 2960, 30, cache_read_tokens=900, overrides=override, cache_write_tokens=2048
+    )
+
+    assert cost == Decimal("0.00843600")  # 12 × 3e-6 + 900 × 3e-7 + 2048 × 3.75e-6 + 30 × 1.5e-5
+    assert as_input == Decimal("0.00690000")  # the 2048 written at $3 / M: the workspace's price has no write rate
+
+
 def test_a_workspace_override_wins_over_litellm():
     overrides = {"gpt-4o": pricing.ModelPrice.per_million(Decimal(1), Decimal(2))}
 
