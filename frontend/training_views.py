@@ -277,9 +277,12 @@ def training_curation_detail_view(request: HtmxHttpRequest, membership: Membersh
 def training_curation_export_view(request: HtmxHttpRequest, membership: Membership, name: str) -> HttpResponse:
     curation = _curation_get(membership.workspace, name)
     chosen = request.POST.get("format", "")
+    split = request.POST.get("split") or services.EXPORT_SPLIT_ALL
     label = dict(ExportFormat.choices).get(chosen, chosen)
+    if split != services.EXPORT_SPLIT_ALL:
+        label = f"{label} ({split} split)"
     try:
-        export = services.export_create(curation=curation, format=chosen, created_by=membership.user)
+        export = services.export_create(curation=curation, format=chosen, split=split, created_by=membership.user)
     except services.ExportRefused as error:
         messages.error(request, f"Not exported as {label}: {error.detail}.")
         return redirect("frontend:training_curation_detail", workspace_slug=membership.workspace.slug, name=name)

@@ -71,6 +71,9 @@ class PreviewIn(Schema):
 class ExportIn(Schema):
     format: FORMATS
     threshold: float = Field(default=1.0, ge=0, le=1)
+    # Both splits of the curation (each row says which it is in), or one: OpenAI's training and validation
+    # files are separate uploads.
+    split: Literal["all", "train", "validation"] = "all"
 
 
 class ExportOut(Schema):
@@ -277,6 +280,7 @@ def export_create_api(request: HttpRequest, name: str, payload: ExportIn) -> Any
         curation=_curation(request, name),
         format=payload.format,
         threshold=payload.threshold,
+        split=payload.split,
         created_via_key=request_api_key(request),
     )
     return Status(202, _export_out(export))

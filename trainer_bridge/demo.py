@@ -94,12 +94,12 @@ def demo_trainer_seed(workspace: Workspace) -> None:
     services.curation_create(
         workspace=workspace,
         name=PRODUCTION_CURATION,
-        description="Production conversations triage flagged (the rider disengaged, the bot drifted or "
-        "misread the request), grouped by the rider's first request and ranked within each group by the "
-        "RULER-style judge.",
+        description="Production conversations triage flagged (the rider disengaged, the bot drifted, misread "
+        "the request, failed or ran out of budget), grouped by the rider's first request and ranked within "
+        "each group by the RULER-style judge.",
         query={
             "agents": ["ride-support"],
-            "signals": ["disengagement", "goal_drift", "misalignment"],
+            "signals": ["disengagement", "goal_drift", "misalignment", "failure", "exhaustion"],
             "exclude_tags": ["eval"],
         },
         grouping="first_request",
@@ -153,15 +153,19 @@ def _rollouts_run(suite: Suite, owner: User) -> Run:
 
 def _exports(curation: Curation, owner: User) -> Iterator[Export]:
     """The curation in each format; one that cannot represent its groups is refused before any file is
-    written, and left out."""
+    written, and left out. OpenAI's training and validation sets are separate files: one export per split."""
     for format in ExportFormat.values:
-        try:
-            export = services.export_create(curation=curation, format=format, created_by=owner, dispatch=False)
-        except services.ExportRefused:
-            continue
-        done = services.export_execute(export_id=export.pk)
-        if done is not None and done.status == JobStatus.SUCCEEDED:
-            yield done
+        splits = ("train", "validation") if format == ExportFormat.OPENAI else (services.EXPORT_SPLIT_ALL,)
+        for split in splits:
+            try:
+                export = services.export_create(
+                    curation=curation, format=format, split=split, created_by=owner, dispatch=False
+                )
+            except services.ExportRefused:
+                continue
+            done = services.export_execute(export_id=export.pk)
+            if done is not None and done.status == JobStatus.SUCCEEDED:
+                yield done
 
 
 def _vocabulary(export: Export) -> list[str]:

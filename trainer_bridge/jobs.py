@@ -163,6 +163,7 @@ def job_create(
 
 def job_claim(*, api_key: ApiKey, worker: str) -> TrainingJob | None:
     """The oldest job waiting in the workspace (or whose worker's heartbeats stopped), now this worker's."""
+    jobs_expire(workspace_id=api_key.workspace_id)
     now = timezone.now()
     with transaction.atomic():
         candidates = (
@@ -193,6 +194,32 @@ def job_claim(*, api_key: ApiKey, worker: str) -> TrainingJob | None:
         job.started_at = job.started_at or now
         job.save(update_fields=["status", "worker", "claimed_via_key", "heartbeat_at", "attempts", "started_at"])
     return job
+
+
+def jobs_expire(*, workspace_id: int | None = None) -> list[int]:
+    """Fail the running jobs whose worker stopped sending heartbeats on their last attempt: no claim will take
+    them again (MAX_ATTEMPTS), so without this they would say "running" for ever. Returns their ids."""
+    now = timezone.now()
+    running = TrainingJob.objects.filter(status=JobStatus.RUNNING, attempts__gte=MAX_ATTEMPTS)
+    if workspace_id is not None:
+        running = running.filter(workspace_id=workspace_id)
+    lapsed = [
+        job
+        for job in running.only("pk", "heartbeat_at", "lease_seconds")
+        if job.heartbeat_at is None or job.heartbeat_at < now - timedelta(seconds=job.lease_seconds)
+    ]
+    expired = []
+    for job in lapsed:
+        # Conditional: a heartbeat that came in since the read keeps the job running.
+        failed = TrainingJob.objects.filter(pk=job.pk, status=JobStatus.RUNNING, heartbeat_at=job.heartbeat_at).update(
+            status=JobStatus.FAILED,
+            finished_at=now,
+            error=f"the worker stopped sending heartbeats on each of {MAX_ATTEMPTS} attempts; the job is not "
+            "handed out again",
+        )
+        if failed:
+            expired.append(job.pk)
+    return expired
 
 
 def job_training_config(job: TrainingJob) -> dict[str, Any]:

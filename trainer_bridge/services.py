@@ -37,6 +37,10 @@ from trainer_bridge.models import ACTIVE, Curation, Export, ExportFormat, GroupJ
 logger = logging.getLogger("trainer_bridge.services")
 
 EXPORT_LEASE_SECONDS = 600
+# Which of the curation's splits an export holds: both (each row or group says which it is in), or one, for a
+# consumer that takes its training and validation sets as separate files (OpenAI fine-tuning).
+EXPORT_SPLIT_ALL = "all"
+EXPORT_SPLITS = (EXPORT_SPLIT_ALL, *groups.SPLITS)
 PROGRESS_STEPS = 100  # progress writes (and cancellation checks) over an export, at most
 
 
@@ -299,7 +303,11 @@ def selected_groups(
     grouped: Iterator[groups.Group] = groups.group_rollouts(rollouts())
     if judge is not None:
         grouped = (_judged(group, judge) for group in grouped)
-    return groups.curate(grouped, _filters(snapshot["filters"]))
+    curated = groups.curate(grouped, _filters(snapshot["filters"]))
+    split = snapshot.get("split", EXPORT_SPLIT_ALL)
+    if split == EXPORT_SPLIT_ALL:
+        return curated
+    return (group for group in curated if group.split == split)
 
 
 @dataclass(frozen=True)
@@ -333,23 +341,29 @@ def export_create(
     curation: Curation,
     format: str,
     threshold: float = formats.DEFAULT_REWARD_THRESHOLD,
+    split: str = EXPORT_SPLIT_ALL,
     created_by: User | None = None,
     created_via_key: ApiKey | None = None,
     dispatch: bool = True,
 ) -> Export:
-    """A queued export of the curation, or `ExportRefused` (nothing written) when there is nothing to export
-    or the format cannot represent it."""
+    """A queued export of the curation (of one of its splits, or `split="all"`: both), or `ExportRefused`
+    (nothing written) when there is nothing to export or the format cannot represent it."""
     if format not in ExportFormat.values:
         raise ExportRefused(
             f"format must be one of {', '.join(ExportFormat.values)}",
             errors=[{"field": "format", "message": "unknown format"}],
         )
-    snapshot = {**curation_snapshot(curation), "threshold": threshold}
+    if split not in EXPORT_SPLITS:
+        raise ExportRefused(
+            f"split must be one of {', '.join(EXPORT_SPLITS)}", errors=[{"field": "split", "message": "unknown split"}]
+        )
+    snapshot = {**curation_snapshot(curation), "threshold": threshold, "split": split}
     found = curation_preview(workspace=curation.workspace, snapshot=snapshot)
     if found.preview.groups == 0:
+        of_split = "" if split == EXPORT_SPLIT_ALL else f" in its {split} split"
         raise ExportRefused(
-            f"the curation selects no groups ({found.trajectories} trajectories; after grouping and filters none "
-            "is left)",
+            f"the curation selects no groups{of_split} ({found.trajectories} trajectories; after grouping and "
+            "filters none is left)",
             errors=[{"field": "curation", "message": "selects no groups"}],
             preview=found.as_dict(),
         )
@@ -372,7 +386,7 @@ def export_create(
         user=created_by,
         api_key=created_via_key,
         target=export,
-        details={"curation": curation.name, "format": format, "groups": export.groups_total},
+        details={"curation": curation.name, "format": format, "split": split, "groups": export.groups_total},
     )
     if dispatch:
         from trainer_bridge import tasks
@@ -423,7 +437,10 @@ def export_execute(*, export_id: int) -> Export | None:
                 _counted(export, selected_groups(export.workspace, snapshot)),
                 out,
                 format_name=export.format,
-                curation={key: snapshot[key] for key in ("id", "name", "query", "grouping", "reward", "filters")},
+                curation={
+                    **{key: snapshot[key] for key in ("id", "name", "query", "grouping", "reward", "filters")},
+                    "split": snapshot.get("split", EXPORT_SPLIT_ALL),
+                },
                 created_at=timezone.now(),
                 threshold=float(snapshot.get("threshold", formats.DEFAULT_REWARD_THRESHOLD)),
             )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
-from trainer_bridge import services
+from trainer_bridge import jobs, services
 
 
 @shared_task(
@@ -27,3 +27,9 @@ def exports_sweep() -> None:
     """Scheduled by beat: hand out exports whose message or worker was lost (the file starts over)."""
     for export_id in services.exports_sweep():
         export_execute.delay(export_id)
+
+
+@shared_task(name="trainer_bridge.training_jobs_expire", ignore_result=True, soft_time_limit=50, time_limit=60)
+def training_jobs_expire() -> None:
+    """Scheduled by beat: fail the jobs whose worker died on their last attempt (no claim takes them again)."""
+    jobs.jobs_expire()

@@ -18,6 +18,9 @@ than one call, so an example never contradicts it.
 The examples are SFT's (`base.sft_examples`): rollouts rewarded at or above the threshold, every assistant
 turn trained; and corrected rollouts, where only the corrected final answer is trained: the earlier
 assistant turns, which nobody checked, get `"weight": 0` (OpenAI's 0/1 per assistant message).
+
+A file holds one split: `check` refuses groups of both (OpenAI's `training_file` and `validation_file` are
+separate uploads), so a curation with a validation share is exported once per split.
 """
 
 from __future__ import annotations
@@ -55,6 +58,14 @@ def example_as_dict(rollout: Rollout, messages: Sequence[Mapping[str, Any]]) -> 
 
 
 def check(preview: Preview, *, threshold: float = DEFAULT_REWARD_THRESHOLD) -> None:
+    # OpenAI takes the validation set as its own file (`validation_file`), and a line has no field that could
+    # say which set it is in: one file of both would train on the held-out tasks.
+    require(
+        not (preview.splits.get("train") and preview.splits.get("validation")),
+        "OpenAI fine-tuning takes the training and validation sets as separate files, and this curation holds "
+        f"out {preview.splits.get('validation')} of its {preview.groups} groups: export the train split and the "
+        "validation split separately",
+    )
     best = preview.rewards.max
     require(
         preview.corrections > 0 or (best is not None and best >= threshold),

@@ -2,9 +2,13 @@
 
 Pure module, no Django. The rows are TRL's documented conversational types (`docs/source/dataset_formats.md`):
 
-    SFT  {"messages": [...], "tools": "<JSON list>"}
-    DPO  {"prompt": [...], "chosen": [...], "rejected": [...], "tools": "<JSON list>"}
-    KTO  {"prompt": [...], "completion": [...], "label": true, "tools": "<JSON list>"}
+    SFT  {"messages": [...], "tools": "<JSON list>", "split": "train"}
+    DPO  {"prompt": [...], "chosen": [...], "rejected": [...], "tools": "<JSON list>", "split": "train"}
+    KTO  {"prompt": [...], "completion": [...], "label": true, "tools": "<JSON list>", "split": "train"}
+
+`split` is the group's ("train" or "validation", from the curation's `validation_share`): one file holds both,
+and a row of a held-out task must not be trained on. Keel's worker holds "validation" rows out; with TRL,
+`dataset.filter(lambda row: row["split"] == "train")` (the trainers drop the extra column when they tokenise).
 
 Messages are TRL's shape: assistant tool calls {"id", "type": "function", "function": {"name", "arguments":
 {...}}} with the arguments decoded to an object (chat templates render them; OpenAI's JSON string would be
@@ -108,7 +112,8 @@ def sft_write(groups: Iterable[Group], out: IO[bytes], *, threshold: float = DEF
         for rollout in group.rollouts:
             examples = sft_examples(rollout, threshold)
             for messages in examples:
-                write_line(out, {"messages": trl_messages(messages), "tools": tools_text(rollout)}, tally)
+                row = {"messages": trl_messages(messages), "tools": tools_text(rollout), "split": group.split}
+                write_line(out, row, tally)
             used += bool(examples)
         tally.rollouts += used
         tally.skipped += len(group.rollouts) - used
@@ -139,6 +144,7 @@ def dpo_write(groups: Iterable[Group], out: IO[bytes], *, threshold: float = DEF
                 "chosen": trl_messages(pair.chosen, names),
                 "rejected": trl_messages(pair.rejected, names),
                 "tools": tools,
+                "split": group.split,
             }
             write_line(out, row, tally)
             used += pair.rollouts
@@ -188,6 +194,7 @@ def kto_write(groups: Iterable[Group], out: IO[bytes], *, threshold: float = DEF
                     "completion": trl_messages(completion, names),
                     "label": label,
                     "tools": tools_text(rollout),
+                    "split": group.split,
                 }
                 write_line(out, row, tally)
             used += bool(rows)

@@ -47,7 +47,11 @@ def test_the_eval_curation_has_groups_with_contrasting_rewards(demo_workspace: W
 def test_every_format_the_groups_fit_is_exported_with_its_checksum(demo_workspace: Workspace) -> None:
     exports = Export.objects.filter(workspace=demo_workspace).order_by("pk")
 
-    assert sorted(export.format for export in exports) == sorted(ExportFormat.values)
+    # OpenAI's training and validation sets are separate files: one export per split of the held-out curation.
+    assert sorted((export.format, export.curation_snapshot["split"]) for export in exports) == sorted(
+        [(format, "all") for format in ExportFormat.values if format != ExportFormat.OPENAI]
+        + [(ExportFormat.OPENAI, "train"), (ExportFormat.OPENAI, "validation")]
+    )
     for export in exports:
         assert export.status == JobStatus.SUCCEEDED, (export.format, export.error)
         content = Path(export.path).read_bytes()
@@ -101,4 +105,4 @@ def test_seeding_again_adds_nothing(demo_workspace: Workspace) -> None:
     registry_demo.demo_seed()
 
     assert counts() == before
-    assert before[:3] == (2, len(ExportFormat.values), 2)
+    assert before[:3] == (2, len(ExportFormat.values) + 1, 2)  # OpenAI: a file per split

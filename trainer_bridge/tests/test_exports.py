@@ -9,6 +9,7 @@ import json
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.utils import timezone
@@ -186,3 +187,97 @@ def test_a_query_value_of_the_wrong_type_is_refused_before_it_reaches_the_databa
         services.curation_validate(query=query, grouping="auto", reward={"source": "trajectory"}, filters={})
 
     assert [error["field"] for error in caught.value.extra["errors"]] == [field]
+
+
+def _held_out_curation(gateway: Gateway, run: Any) -> Any:
+    """All four items as groups, with a seed whose validation split holds some of them and not all."""
+    curation = _curation(gateway, run, dedupe=False, drop_equal_rewards=False, validation_share=0.5)
+    for seed in range(100):
+        services.curation_update(curation=curation, filters={**curation.filters, "seed": seed})
+        splits = services.curation_preview(
+            workspace=gateway.workspace, snapshot=services.curation_snapshot(curation)
+        ).preview.splits
+        if splits["train"] and splits["validation"]:
+            return curation
+    raise AssertionError("no seed splits four tasks into two non-empty sets")
+
+
+def test_openai_refuses_a_file_of_both_splits_and_exports_each_split_as_its_own_file(
+    gateway: Gateway, run: Any, media: Path
+) -> None:
+    """Before, an OpenAI export of a curation with a validation share held the validation tasks as training
+    examples, and no export could hold one split only (OpenAI's validation_file)."""
+    curation = _held_out_curation(gateway, run)
+    splits = services.curation_preview(
+        workspace=gateway.workspace, snapshot=services.curation_snapshot(curation)
+    ).preview.splits
+
+    with pytest.raises(services.ExportRefused) as refused:
+        services.export_create(curation=curation, format="openai", dispatch=False)
+    assert refused.value.extra["errors"][0]["field"] == "format"
+    assert "separate files" in refused.value.detail
+    assert not Export.objects.exists()
+
+    written = {}
+    for split in ("train", "validation"):
+        export = services.export_create(curation=curation, format="openai", split=split, dispatch=False)
+        assert export.groups_total == splits[split]
+        done = services.export_execute(export_id=export.pk)
+        assert done is not None
+        assert done.status == JobStatus.SUCCEEDED, done.error
+        assert done.manifest["curation"]["split"] == split
+        written[split] = Path(done.path).read_bytes()
+    # Each item's answers are all "ok" or all "no" and only "ok" passes; item by item, what a file holds is its
+    # own split's passing answers, so the two files share no example and together hold each passing one once.
+    sft_all = _export(curation, "trl_sft")
+    rows = [json.loads(line) for line in Path(sft_all.path).read_bytes().splitlines()]
+    for split in ("train", "validation"):
+        examples = [json.loads(line)["messages"] for line in written[split].splitlines()]
+        expected = [row["messages"] for row in rows if row["split"] == split]
+        assert [[m["content"] for m in e if m["role"] == "assistant"] for e in examples] == [
+            [m["content"] for m in e if m["role"] == "assistant"] for e in expected
+        ]
+    assert sum(len(content.splitlines()) for content in written.values()) == len(rows)
+
+
+def test_an_export_of_one_split_holds_only_its_groups(gateway: Gateway, run: Any) -> None:
+    curation = _held_out_curation(gateway, run)
+    for split in ("train", "validation"):
+        done = _export_split(curation, "art", split)
+        lines = [json.loads(line) for line in Path(done.path).read_bytes().splitlines()]
+        assert lines
+        assert {line["metadata"]["split"] for line in lines} == {split}
+
+
+def test_an_unknown_split_is_refused(gateway: Gateway, run: Any) -> None:
+    with pytest.raises(services.ExportRefused) as refused:
+        services.export_create(curation=_curation(gateway, run), format="art", split="test", dispatch=False)
+    assert refused.value.extra["errors"] == [{"field": "split", "message": "unknown split"}]
+    assert not Export.objects.exists()
+
+
+def _export_split(curation: Any, format: str, split: str) -> Export:
+    export = services.export_create(curation=curation, format=format, split=split, dispatch=False)
+    done = services.export_execute(export_id=export.pk)
+    assert done is not None
+    assert done.status == JobStatus.SUCCEEDED, done.error
+    return done
+
+
+def test_the_api_exports_one_split_and_refuses_a_bad_one(gateway: Gateway, run: Any, api_client_for: Any) -> None:
+    curation = _held_out_curation(gateway, run)
+    client = api_client_for(gateway.workspace, scopes=("read", "write"))
+    url = f"/api/v1/curations/{curation.name}/exports"
+
+    bad = client.post(url, data={"format": "art", "split": "test"}, content_type="application/json")
+    both = client.post(url, data={"format": "openai"}, content_type="application/json")
+    assert (bad.status_code, both.status_code) == (422, 422)
+    assert both.json()["code"] == "export_refused"
+    assert bad.json()["code"] == "validation_error"
+    assert "split" in bad.json()["detail"]
+    assert not Export.objects.exists()
+
+    with mock.patch("trainer_bridge.tasks.export_execute.delay"):
+        accepted = client.post(url, data={"format": "openai", "split": "train"}, content_type="application/json")
+    assert accepted.status_code == 202, accepted.content
+    assert Export.objects.get(pk=accepted.json()["id"]).curation_snapshot["split"] == "train"

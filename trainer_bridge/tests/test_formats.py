@@ -189,7 +189,7 @@ def test_trl_sft_rows_read_back_with_datasets_and_trl(tmp_path: Path, tokenizer:
     # t1 (reward 1.0) and t4 (corrected); t2 below the threshold and t3 unrewarded are left out.
     assert (counts.lines, counts.groups, counts.rollouts, counts.skipped) == (2, 2, 2, 2)
     dataset = load_jsonl(tmp_path, out.getvalue())
-    assert dataset.column_names == ["messages", "tools"]
+    assert dataset.column_names == ["messages", "tools", "split"]
     first, corrected = dataset[0], dataset[1]
     assert is_conversational(first)
     assert first["messages"][2]["tool_calls"][0]["function"]["arguments"] == {"order": 7}
@@ -208,7 +208,7 @@ def test_trl_dpo_pairs_read_back_with_trl(tmp_path: Path, tokenizer: Any) -> Non
     counts = trl.dpo_write(sample_groups(), out)
     assert (counts.lines, counts.groups) == (2, 2)
     dataset = load_jsonl(tmp_path, out.getvalue())
-    assert sorted(dataset.column_names) == ["chosen", "prompt", "rejected", "tools"]
+    assert sorted(dataset.column_names) == ["chosen", "prompt", "rejected", "split", "tools"]
     best_worst, correction = dataset[0], dataset[1]
     assert is_conversational(best_worst)
     assert [message["role"] for message in best_worst["prompt"]] == ["system", "user"]
@@ -238,6 +238,28 @@ def test_trl_kto_labels_read_back(tmp_path: Path, tokenizer: Any) -> None:
     rendered: dict[str, Any] = maybe_apply_chat_template(dataset[0], tokenizer, tools=json.loads(dataset[0]["tools"]))
     assert rendered["label"] is True
     assert rendered["completion"].rstrip().endswith("It shipped on Monday. </assistant>")
+
+
+@pytest.mark.parametrize("name", ["trl_sft", "trl_dpo", "trl_kto"])
+def test_trl_rows_of_held_out_tasks_say_so_and_are_not_trained_on(tmp_path: Path, name: str) -> None:
+    """Before, a TRL row had no split: the validation tasks of a curation were in the file as training rows,
+    and Keel's own worker (and anyone loading the file with TRL) trained on them."""
+    from trainer_bridge import training
+
+    out = io.BytesIO()
+    format_get(name).write(sample_groups(), out, threshold=0.5)
+    # item:1 is a train group; item:2 (t4, corrected) a validation one.
+    splits = [row["split"] for row in lines(out)]
+    expected = {"trl_sft": ["train", "validation"], "trl_dpo": ["train", "validation"]}
+    assert splits == expected.get(name, ["train", "train", "validation", "validation"])
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(out.getvalue())
+    if name == "trl_sft":
+        assert [split for _, split in training.sft_rows_read(path)] == ["train", "validation"]
+    if name == "trl_dpo":
+        assert [pair.split for pair in training.dpo_pairs_read(path)] == ["train", "validation"]
+    dataset = load_jsonl(tmp_path, out.getvalue()).filter(lambda row: row["split"] == "train")
+    assert len(dataset) == splits.count("train")
 
 
 def test_dpo_without_pairs_is_refused_before_anything_is_written() -> None:

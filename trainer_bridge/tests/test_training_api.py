@@ -366,3 +366,55 @@ def test_a_finished_job_registers_under_a_free_name_when_a_person_took_its_own(
     assert ModelTarget.objects.get(pk=theirs.pk).model == "x/y"
     assert comparison.suite.name == f"{run.suite.name}-trained-{job.pk}-2"
     assert comparison.suite_id != their_suite.pk
+
+
+def test_a_job_whose_worker_died_on_every_attempt_fails_rather_than_running_for_ever(
+    gateway: Any, run: Any, api_client_for: Any
+) -> None:
+    """Before, a job lost on its last attempt was never claimed again and said "running" with no error."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from trainer_bridge import tasks
+
+    job, key = _held_job(gateway, run)
+    for attempt in range(2, jobs.MAX_ATTEMPTS + 1):
+        TrainingJob.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=301))
+        assert jobs.job_claim(api_key=key, worker=f"gpu-{attempt}") is not None
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == ("running", jobs.MAX_ATTEMPTS)
+
+    # A live last attempt is left alone.
+    tasks.training_jobs_expire()
+    job.refresh_from_db()
+    assert job.status == "running"
+
+    TrainingJob.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=301))
+    tasks.training_jobs_expire()
+
+    job.refresh_from_db()
+    assert job.status == "failed"
+    assert job.finished_at is not None
+    assert f"{jobs.MAX_ATTEMPTS} attempts" in job.error
+    shown = api_client_for(gateway.workspace, scopes=("read",)).get(f"/api/v1/training-jobs/{job.pk}").json()
+    assert (shown["status"], shown["error"]) == ("failed", job.error)
+
+
+def test_a_claim_fails_the_workspaces_exhausted_jobs_and_takes_the_next(gateway: Any, run: Any) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    job, key = _held_job(gateway, run)
+    TrainingJob.objects.filter(pk=job.pk).update(
+        attempts=jobs.MAX_ATTEMPTS, heartbeat_at=timezone.now() - timedelta(seconds=301)
+    )
+    waiting = jobs.job_create(export=job.export, method="grpo", base_model="tiny")
+
+    claimed = jobs.job_claim(api_key=key, worker="gpu")
+
+    assert claimed is not None
+    assert claimed.pk == waiting.pk
+    job.refresh_from_db()
+    assert job.status == "failed"

@@ -37,6 +37,12 @@ class Command(BaseCommand):
         parser.add_argument("--curation", required=True, help="curation name")
         parser.add_argument("--format", required=True, choices=ExportFormat.values)
         parser.add_argument("--threshold", type=float, default=1.0, help="reward that counts as a pass (SFT, KTO)")
+        parser.add_argument(
+            "--split",
+            choices=services.EXPORT_SPLITS,
+            default=services.EXPORT_SPLIT_ALL,
+            help="the curation's train or validation split only (OpenAI takes them as separate files)",
+        )
         parser.add_argument("--here", action="store_true", help="write the file in this process, not a worker")
         parser.add_argument("--poll-seconds", type=float, default=1.0)
         parser.add_argument("--timeout-seconds", type=float, default=3600.0)
@@ -53,6 +59,7 @@ class Command(BaseCommand):
                 curation=curation,
                 format=options["format"],
                 threshold=options["threshold"],
+                split=options["split"],
                 dispatch=not options["here"],
             )
         except KeelError as error:
