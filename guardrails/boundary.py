@@ -34,6 +34,7 @@ from guardrails.models import (
     ApprovalRequest,
     ApprovalStatus,
     CounterWindow,
+    FailureMode,
     GuardrailViolation,
     ToolCallCounter,
 )
@@ -57,7 +58,7 @@ def conversation_key(call: ToolCall) -> str:
     return call.conversation_id or f"trace:{call.trace_id}"
 
 
-def _violation(agent: Agent, call: ToolCall, action: str, reason: str) -> None:
+def _violation(agent: Agent, call: ToolCall, action: str, reason: str, failure: FailureMode = FailureMode.NONE) -> None:
     GuardrailViolation.objects.create(
         workspace_id=agent.workspace_id,
         agent=agent,
@@ -67,12 +68,13 @@ def _violation(agent: Agent, call: ToolCall, action: str, reason: str) -> None:
         score=1.0,
         evidence=f"{call.name}: {reason}"[:EVIDENCE_MAX_CHARS],
         source="tool_call",
+        failure=failure,
         trace_id=call.trace_id[:64],
     )
 
 
-def _refuse(agent: Agent, call: ToolCall, reason: str) -> ToolCallVerdict:
-    _violation(agent, call, "block", reason)
+def _refuse(agent: Agent, call: ToolCall, reason: str, failure: FailureMode = FailureMode.NONE) -> ToolCallVerdict:
+    _violation(agent, call, "block", reason, failure)
     logger.info("guardrails.tool_call_refused", extra={"agent_id": agent.pk, "tool": call.name, "reason": reason})
     return ToolCallVerdict(allowed=False, reason=reason)
 
@@ -137,7 +139,9 @@ def _pending(approval: ApprovalRequest) -> ToolCallVerdict:
     )
 
 
-def _request_approval(agent: Agent, call: ToolCall, tools: policy.ToolPolicy, reason: str) -> ToolCallVerdict:
+def _request_approval(
+    agent: Agent, call: ToolCall, tools: policy.ToolPolicy, reason: str, failure: FailureMode = FailureMode.NONE
+) -> ToolCallVerdict:
     if call.rehearsal:  # an eval run asks nobody: the call is held, as it would be while a person decides
         return ToolCallVerdict(allowed=False, reason=f"{reason} (held: an eval run asks no one for approval)")
     key = conversation_key(call)[:200]
@@ -183,7 +187,7 @@ def _request_approval(agent: Agent, call: ToolCall, tools: policy.ToolPolicy, re
             ApprovalEvent.objects.create(
                 approval=approval, kind=ApprovalEventKind.REQUESTED, note=reason, trace_id=call.trace_id
             )
-            _violation(agent, call, "require_approval", reason)
+            _violation(agent, call, "require_approval", reason, failure)
     except IntegrityError:
         # A concurrent attempt of the same call opened the request first: wait on that one.
         existing = same_call.filter(status__in=[ApprovalStatus.PENDING, ApprovalStatus.APPROVED]).first()
@@ -201,10 +205,13 @@ def tool_call_authorize(call: ToolCall) -> ToolCallVerdict:
         return ToolCallVerdict(allowed=False, reason="unknown agent: no tool may be called")
     tools = services.guardrail_policy_get(agent=agent).tools()
     assessment = tools.assess(call.name, call.arguments)
+    failure = FailureMode.FAILED_CLOSED if assessment.failed_closed else FailureMode.NONE
+    if assessment.failed_closed:
+        logger.warning("guardrails.constraint_unchecked", extra={"agent_id": agent.pk, "tool": call.name})
     if assessment.decision == "block":
-        return _refuse(agent, call, assessment.reason)
+        return _refuse(agent, call, assessment.reason, failure)
     if assessment.decision == "require_approval":
-        return _request_approval(agent, call, tools, assessment.reason)
+        return _request_approval(agent, call, tools, assessment.reason, failure)
     return _allow_counted(agent, call, tools)
 
 

@@ -65,8 +65,9 @@ _DIRECT_CUES: list[tuple[str, float, re.Pattern[str]]] = [
         "override_everything",
         0.6,
         re.compile(
-            rf"\b{_DISMISS}\W+(?:everything|all(?: of)? (?:that|this|it)|what(?:ever)?)\W+(?:\w+\W+){{0,4}}?"
-            r"(?:before|above|earlier|previously|you were (?:told|given))",
+            # Not "forget what I said before": a customer taking back their own words, not the model's orders.
+            rf"\b{_DISMISS}\W+(?:everything|all(?: of)? (?:that|this|it)|what(?:ever)?)\W+(?!(?:I|we)\b)"
+            r"(?:\w+\W+){0,4}?(?:before|above|earlier|previously|you were (?:told|given))",
             _F,
         ),
     ),
@@ -368,6 +369,18 @@ class Scored:
     cues: tuple[str, ...]
 
 
+# Reported speech: "the driver told me to ignore the app's instructions" is something said to the customer,
+# not an order to the model; the cue right after it counts as a mention.
+_REPORTED = re.compile(
+    r"\b(?:told|tells|asked|asks|wants?|wanted|instructed|instructs|advised|said for)\s+(?:me|us)\s+(?:not\s+)?to\s+$",
+    _F,
+)
+
+
+def _reported(text: str, found: re.Match[str]) -> bool:
+    return _REPORTED.search(text, max(0, found.start() - 40), found.start()) is not None
+
+
 def _quoted_spans(text: str) -> list[tuple[int, int]]:
     return [(m.start(), m.end()) for m in _QUOTED.finditer(text)]
 
@@ -380,6 +393,14 @@ def _score_cues(text: str, cues: list[tuple[str, float, re.Pattern[str]]], discu
         found = pattern.search(text)
         if found is None:
             continue
+        if _reported(text, found):
+            # Only when every use of the cue is reported: a reported one must not hide a direct one after it.
+            direct = next((later for later in pattern.finditer(text, found.end()) if not _reported(text, later)), None)
+            if direct is None:
+                weights.append(weight * 0.25)
+                names.append(name + "(reported)")
+                continue
+            found = direct
         quoted = any(start <= found.start() and found.end() <= end for start, end in spans)
         # A cue used as a quotation inside a question or a discussion is a mention, not a use.
         weights.append(weight * (0.25 if quoted else 0.9) if discussion else weight)

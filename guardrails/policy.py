@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, Literal
 
+import regex
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agent_registry.requirements import PiiHandling, Requirements, derived_configuration
@@ -45,6 +45,13 @@ STRUCTURAL_CHECKS = frozenset({"action_boundary", "budget"})
 # The argument a derived `autonomy_limit_usd` constrains unless the policy names another.
 DEFAULT_AMOUNT_ARGUMENT = "amount"
 SLUG = r"^[a-z][a-z0-9_]{0,63}$"
+
+# A `matches` constraint runs a pattern the policy's author wrote on an argument the model wrote. Some
+# patterns backtrack catastrophically (`(a+)+$`, `(\w+\s?)+$` on a long argument) and would hold the request's
+# thread for minutes, so every match runs under this time limit (the `regex` engine stops itself). A match
+# that runs out proves nothing, so the constraint counts as broken: the call is blocked or waits for a
+# person, as the constraint says (fail closed), and the refusal is recorded as `failed_closed`.
+PATTERN_TIMEOUT_SECONDS = 0.05
 
 Operator = Literal["<=", "<", ">=", ">", "==", "!=", "in", "not_in", "matches"]
 NUMERIC_OPERATORS = frozenset({"<=", "<", ">=", ">"})
@@ -115,8 +122,9 @@ class ArgumentConstraint(Strict):
             if not isinstance(self.value, str) or len(self.value) > 500:
                 raise ValueError("matches needs a regular expression (at most 500 characters)")
             try:
-                re.compile(self.value)
-            except re.error as error:
+                # The engine the constraint runs on (see PATTERN_TIMEOUT_SECONDS), so what saves also runs.
+                regex.compile(self.value)
+            except regex.error as error:
                 raise ValueError(f"invalid regular expression: {error}") from None
         return self
 
@@ -250,6 +258,16 @@ def policy_errors(document: PolicyDocument, requirements: Requirements | None) -
         errors.append(
             {"field": "pii_kinds", "message": f"unknown: {', '.join(unknown)}; the kinds are {', '.join(PII_KINDS)}"}
         )
+    # An empty list names no kind, so every PII rule would find nothing and pass personal data through,
+    # mandatory or not; null is what means "every kind".
+    if document.pii_kinds == [] and any(rule.check == "pii" for rule in document.checks):
+        errors.append(
+            {
+                "field": "pii_kinds",
+                "message": "an empty list switches the pii rules off; use null for every kind, or name the kinds",
+            }
+        )
+    errors += _tool_name_errors(document, requirements)
     by_pair = {(rule.check, rule.layer): rule for rule in document.checks}
     for item in mandatory_checks(requirements):
         rule = by_pair.get((item.check, item.layer))
@@ -264,6 +282,32 @@ def policy_errors(document: PolicyDocument, requirements: Requirements | None) -
                 }
             )
     return errors
+
+
+def _tool_name_errors(document: PolicyDocument, requirements: Requirements | None) -> list[dict[str, str]]:
+    """Tool rules that name a tool the agent cannot call apply to nothing: a typo (`issue_refnd`) would leave
+    the real tool unconstrained, unlimited or ungated with no sign of it."""
+    allow_list = (
+        frozenset(derived_configuration(requirements).tool_allow_list.value)
+        if requirements is not None
+        else frozenset()
+    )
+    known = ", ".join(sorted(allow_list)) or "none: its requirements list no actions"
+    named = [
+        *((f"tool_constraints.{index}.tool", rule.tool) for index, rule in enumerate(document.tool_constraints)),
+        *(
+            (f"rate_limits.{index}.tool", rule.tool)
+            for index, rule in enumerate(document.rate_limits)
+            if rule.tool != "*"
+        ),
+        *((f"approval_tools.{index}", tool) for index, tool in enumerate(document.approval_tools)),
+        *((f"amount_arguments.{tool}", tool) for tool in document.amount_arguments),
+    ]
+    return [
+        {"field": field, "message": f"{tool!r} is not a tool this agent may call; its tools are {known}"}
+        for field, tool in named
+        if tool not in allow_list
+    ]
 
 
 def policy_enforced(document: PolicyDocument, requirements: Requirements | None) -> PolicyDocument:
@@ -340,8 +384,13 @@ def _equal(left: Any, right: Any) -> bool:
     return bool(left == right)
 
 
+class PatternFailed(Exception):
+    """A `matches` pattern could not decide: it ran past PATTERN_TIMEOUT_SECONDS, or the engine refused it."""
+
+
 def constraint_holds(constraint: ArgumentConstraint, arguments: Any) -> bool:
-    """Whether the call's arguments satisfy the constraint; a missing or mistyped argument does not."""
+    """Whether the call's arguments satisfy the constraint; a missing or mistyped argument does not.
+    Raises PatternFailed when a `matches` pattern cannot decide in time."""
     actual = _argument(arguments, constraint.argument)
     if actual is _MISSING:
         return False
@@ -364,7 +413,14 @@ def constraint_holds(constraint: ArgumentConstraint, arguments: Any) -> bool:
         found = any(_equal(actual, candidate) for candidate in constraint.value)
         return found if op == "in" else not found
     # matches: the whole text must match, and only text can.
-    return isinstance(actual, str) and re.fullmatch(constraint.value, actual) is not None
+    if not isinstance(actual, str):
+        return False
+    try:
+        return regex.fullmatch(constraint.value, actual, timeout=PATTERN_TIMEOUT_SECONDS) is not None
+    except TimeoutError:
+        raise PatternFailed(f"its pattern ran past {PATTERN_TIMEOUT_SECONDS * 1000:.0f} ms on this argument") from None
+    except regex.error as error:  # a document saved before patterns were compiled with this engine
+        raise PatternFailed(f"its pattern cannot run: {error}") from None
 
 
 Decision = Literal["allow", "block", "require_approval"]
@@ -374,6 +430,8 @@ Decision = Literal["allow", "block", "require_approval"]
 class Assessment:
     decision: Decision
     reason: str
+    # A constraint that could not be checked (its pattern ran out of time) counted as broken.
+    failed_closed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,16 +447,24 @@ class ToolPolicy:
         if tool not in self.allow_list:
             return Assessment("block", f"{tool} is not on this agent's tool allow-list")
         gated: list[str] = []
+        failed_closed = False
         for constraint in self.constraints:
-            if constraint.tool != tool or constraint_holds(constraint, arguments):
+            if constraint.tool != tool:
                 continue
+            try:
+                if constraint_holds(constraint, arguments):
+                    continue
+                why = ""
+            except PatternFailed as failure:
+                failed_closed = True
+                why = f" (not checked: {failure}; counted as broken)"
             if constraint.on_violation == "block":
-                return Assessment("block", f"{tool} breaks the constraint {constraint.describe()}")
-            gated.append(f"{constraint.describe()} does not hold")
+                return Assessment("block", f"{tool} breaks the constraint {constraint.describe()}{why}", failed_closed)
+            gated.append(f"{constraint.describe()} does not hold{why}")
         if tool in self.approval_always:
             gated.insert(0, f"{tool} always needs a person's approval")
         if gated:
-            return Assessment("require_approval", "; ".join(gated))
+            return Assessment("require_approval", "; ".join(gated), failed_closed)
         return Assessment("allow", "")
 
     def limits_for(self, tool: str) -> list[RateLimit]:

@@ -358,6 +358,56 @@ def test_policy_put_refuses_an_unknown_pii_kind(client, agent):
     assert "4111" not in check.json()["content"]
 
 
+def test_policy_put_refuses_an_empty_pii_kind_list_that_would_switch_pii_off(client, agent):
+    document = client.get("/api/v1/agents/ride-support/guardrail-policy").json()["policy"]
+    before = guard_state()
+    document["pii_kinds"] = []
+
+    refused = put(client, "/api/v1/agents/ride-support/guardrail-policy", document)
+    after = guard_state()
+    # Saved, the mandatory PII redaction on input would have let the email through untouched.
+    check = post(
+        client,
+        "/api/v1/guardrails/check",
+        {"agent": "ride-support", "layer": "input", "content": "mail jane@example.com"},
+    )
+
+    assert (refused.status_code, refused.json()["code"]) == (422, "guardrail_policy_invalid")
+    assert refused.json()["errors"] == [
+        {
+            "field": "pii_kinds",
+            "message": "an empty list switches the pii rules off; use null for every kind, or name the kinds",
+        }
+    ]
+    assert after == before
+    assert check.json()["verdict"] == "redact"
+    assert "jane@example.com" not in check.json()["content"]
+
+
+def test_policy_put_refuses_tool_rules_for_tools_the_agent_cannot_call(client, agent):
+    document = client.get("/api/v1/agents/ride-support/guardrail-policy").json()["policy"]
+    before = guard_state()
+    document["tool_constraints"] = [{"tool": "issue_refnd", "argument": "amount", "op": "<=", "value": 5}]
+    document["rate_limits"] = [{"tool": "*", "per_day": 100}, {"tool": "isue_refund", "per_day": 3}]
+    document["approval_tools"] = ["lookup_trip", "refund_everything"]
+    document["amount_arguments"] = {"issue_refnd": "refund.value"}
+
+    refused = put(client, "/api/v1/agents/ride-support/guardrail-policy", document)
+
+    assert (refused.status_code, refused.json()["code"]) == (422, "guardrail_policy_invalid")
+    known = "its tools are issue_refund, lookup_trip"
+    assert refused.json()["errors"] == [
+        {"field": "tool_constraints.0.tool", "message": f"'issue_refnd' is not a tool this agent may call; {known}"},
+        {"field": "rate_limits.1.tool", "message": f"'isue_refund' is not a tool this agent may call; {known}"},
+        {"field": "approval_tools.1", "message": f"'refund_everything' is not a tool this agent may call; {known}"},
+        {
+            "field": "amount_arguments.issue_refnd",
+            "message": f"'issue_refnd' is not a tool this agent may call; {known}",
+        },
+    ]
+    assert guard_state() == before
+
+
 def test_policy_put_needs_the_write_scope(api_client_for, workspace, agent):
     reader = api_client_for(workspace, scopes=("read",))
 

@@ -4,6 +4,8 @@ expire) and rate limits, as the gateway's hook sees them."""
 from __future__ import annotations
 
 import dataclasses
+import signal
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -320,6 +322,73 @@ def test_a_custom_constraint_blocks_without_asking_anyone(workspace):
     )
     assert allowed.allowed is True
     assert ApprovalRequest.objects.count() == 0
+
+
+@contextmanager
+def hang_fails(seconds: int = 20):
+    """Turn a hang into a test failure: `re` checks for signals while it backtracks, so an alarm stops it."""
+
+    def interrupt(signum, frame):
+        raise AssertionError(f"still matching after {seconds} s: the pattern is not bounded")
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+# Backtracks catastrophically on a long run of word characters that cannot end the match.
+CATASTROPHIC = r"(\w+\s?)+"
+LONG_ARGUMENT = "a" * 3000 + "!"
+
+
+def test_a_catastrophic_pattern_fails_closed_and_is_recorded_instead_of_hanging(workspace):
+    agent = guarded_agent(workspace=workspace)
+    save_policy(
+        agent, tool_constraints=[{"tool": "lookup_trip", "argument": "trip_id", "op": "matches", "value": CATASTROPHIC}]
+    )
+
+    with hang_fails():
+        refused = boundary.tool_call_authorize(
+            tool_call(agent, name="lookup_trip", arguments={"trip_id": LONG_ARGUMENT})
+        )
+    allowed = boundary.tool_call_authorize(tool_call(agent, name="lookup_trip", arguments={"trip_id": "T42"}))
+
+    assert refused.allowed is False
+    assert refused.reason.startswith("lookup_trip breaks the constraint lookup_trip.trip_id matches")
+    assert "not checked: its pattern ran past 50 ms on this argument; counted as broken" in refused.reason
+    assert allowed.allowed is True
+    violation = GuardrailViolation.objects.get()
+    assert (violation.action, violation.failure) == ("block", "failed_closed")
+
+
+def test_a_catastrophic_pattern_that_gates_waits_for_a_person(workspace):
+    agent = guarded_agent(workspace=workspace)
+    save_policy(
+        agent,
+        tool_constraints=[
+            {
+                "tool": "lookup_trip",
+                "argument": "trip_id",
+                "op": "matches",
+                "value": CATASTROPHIC,
+                "on_violation": "require_approval",
+            }
+        ],
+    )
+
+    with hang_fails():
+        verdict = boundary.tool_call_authorize(
+            tool_call(agent, name="lookup_trip", arguments={"trip_id": LONG_ARGUMENT})
+        )
+
+    approval = approval_of(verdict)
+    assert "counted as broken" in approval.reason
+    violation = GuardrailViolation.objects.get()
+    assert (violation.action, violation.failure) == ("require_approval", "failed_closed")
 
 
 def test_a_custom_limit_on_the_amount_argument_is_read_from_the_policy(workspace):

@@ -136,6 +136,22 @@ def test_mandatory_checks_cannot_be_switched_off(workspace, change, field, messa
     assert services.guardrail_policy_get(agent=agent).document == before.document
 
 
+def test_tool_rules_of_an_agent_without_requirements_are_refused(workspace):
+    agent = AgentFactory.create(workspace=workspace)
+
+    with pytest.raises(GuardrailPolicyInvalid) as refused:
+        services.guardrail_policy_update(agent=agent, document=document_of(agent, approval_tools=["lookup_trip"]))
+
+    assert refused.value.extra["errors"] == [
+        {
+            "field": "approval_tools.0",
+            "message": "'lookup_trip' is not a tool this agent may call; its tools are none: its requirements "
+            "list no actions",
+        }
+    ]
+    assert GuardrailPolicy.objects.count() == 0
+
+
 @pytest.mark.parametrize(
     ("document", "message"),
     [
