@@ -21,7 +21,7 @@ from agent_registry import selectors as registry_selectors
 from agent_registry.auth import key_auth, request_agent_ids, request_api_key, request_workspace
 from agent_registry.models import Scope
 from agent_registry.schemas import ErrorOut, error_responses
-from tracing import replay, selectors, services
+from tracing import replay, selectors, services, signals
 from tracing.exceptions import TrajectoryListInvalid
 from tracing.models import Replay, Score, Trajectory
 
@@ -275,6 +275,9 @@ def trajectory_list_api(request: HttpRequest, query: Query[TrajectoryListQuery])
         else:
             prompt_name = query.prompt
     score_name, score_min, score_max = _score_filter(query.score)
+    if query.signal and query.signal not in signals.SIGNAL_NAMES:
+        # A misspelt signal ("loops") would otherwise answer an empty list, as if nothing had fired.
+        raise TrajectoryListInvalid(f"signal must be one of {', '.join(signals.SIGNAL_NAMES)}")
     page = selectors.trajectory_list(
         workspace=workspace,
         agent_ids=agent_ids,

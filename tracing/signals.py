@@ -30,6 +30,11 @@ Rules worth knowing:
 - A correct hand-off to a human (a call to one of `SignalConfig.handoff_tools`, or the assistant
   announcing a transfer) is never a failure; it raises `disengagement/human_request` only when the
   user asked for a person.
+- Giving up and negative stance are read only in user turns after the agent's first turn: an opening
+  "please cancel my account" is the task and "the app doesn't work" the problem, not disengagement.
+  Corrections, rephrases and satisfaction are read after the agent's first turn too.
+- A system message after the user has spoken opens another model call's context (a chain step, a
+  sub-agent); the "user" messages given to it are the orchestrator's, not the user's, and are not read.
 - Phrase lists live in one place, `ENGLISH_PHRASES`; an agent can replace them or add languages
   through `SignalConfig.phrases` and pick one with `SignalConfig.language`. Matching is on whole
   words after lower-casing and replacing punctuation with spaces, so "No, I meant" matches "no i meant".
@@ -589,6 +594,8 @@ Detector = Callable[["_Analysis"], list[SignalInstance]]
 
 # --- Text helpers ----------------------------------------------------------------------------------------
 
+# The role of a "user" message that an orchestrator gave to a later model call (see `_Analysis.turns`).
+HANDED_ON_ROLE: Final = "handed_on"
 _QUOTES: Final = str.maketrans({"\u2019": "'", "\u2018": "'", "\u201c": '"', "\u201d": '"'})
 _NON_WORD: Final = re.compile(r"[^\w']+")
 _ALL_CAPS_LETTERS: Final = 10
@@ -1233,11 +1240,19 @@ class _Analysis:
     def turns(self) -> list[_Turn]:
         limit = self.limits.max_text_chars
         turns: list[_Turn] = []
+        handed_on = False
         for step in self.view.steps:
             if len(turns) >= self.limits.max_turns:
                 break
             if step.kind == "message":
                 role = step.role if isinstance(step.role, str) else "unknown"
+                # A system message after the user has spoken opens another model call's context (a chain
+                # step, a sub-agent): its "user" messages restate the request or carry the orchestrator's
+                # instructions. Read as the user's words, the restated request was a rephrase of itself.
+                if role == "system" and any(turn.role == "user" for turn in turns):
+                    handed_on = True
+                if role == "user" and handed_on:
+                    role = HANDED_ON_ROLE
                 turns.append(self._turn(role, step.index, _content_text(step.content, limit), False))
             elif step.kind == "llm_call":
                 message = step.output_message
@@ -1830,8 +1845,13 @@ def _handoff_announced(analysis: _Analysis, turn: _Turn) -> bool:
 
 def detect_disengagement(analysis: _Analysis) -> list[SignalInstance]:
     found: list[SignalInstance] = []
-    for turn in analysis.user_turns:
-        if (phrase := analysis.found(turn, "quit")) is not None:
+    for position, turn in enumerate(analysis.turns):
+        if turn.role != "user" or not turn.text.strip():
+            continue
+        # Before the agent has said or done anything the user cannot be giving up on it: an opening
+        # "please cancel my account" is the task, "the app doesn't work" is the problem to solve.
+        after_agent = position > analysis.first_assistant_position
+        if after_agent and (phrase := analysis.found(turn, "quit")) is not None:
             found.append(
                 analysis.instance(
                     "disengagement", "quit", 0.8, [turn.step_index], [turn.text], f'The user gives up ("{phrase}").'
@@ -1850,7 +1870,7 @@ def detect_disengagement(analysis: _Analysis) -> list[SignalInstance]:
                 )
             )
             continue
-        negative = _negative_stance(analysis, turn)
+        negative = _negative_stance(analysis, turn) if after_agent else None
         if negative is not None:
             found.append(
                 analysis.instance("disengagement", "negative_stance", 0.5, [turn.step_index], [turn.text], negative)
@@ -2124,7 +2144,53 @@ def detect_context_exhaustion(analysis: _Analysis) -> list[SignalInstance]:
     ]
 
 
-_MARKER: Final = re.compile(r"\b(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[A-Za-z0-9][\w-]{3,}\b|\b\d{5,}\b")
+_MARKER_RUN: Final = re.compile(r"[\w-]+")
+_ASCII_LETTERS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_ASCII_ALNUM: Final = _ASCII_LETTERS | frozenset("0123456789")
+
+
+def cascade_markers(text: str) -> list[str]:
+    """The id-like tokens of a text, in order: from a word (an ASCII letter or digit first) to the end of
+    its run of word characters and hyphens, when that holds an ASCII letter and a digit and is at least 4
+    characters long (`ride-7f3a9`, `TX4410`); else a word of at least 5 digits (`55012`).
+
+    It finds what `\\b(?=[\\w-]*\\d)(?=[\\w-]*[A-Za-z])[A-Za-z0-9][\\w-]{3,}\\b|\\b\\d{5,}\\b` finds, in
+    linear time: that pattern looked ahead to the end of the run from every word in it, so a failed
+    call's output of `1-1-1-...` (any tool or user can produce one) cost the square of its length,
+    about a second per failed call of the ingest path.
+    """
+    found: list[str] = []
+    for run in _MARKER_RUN.findall(text):
+        if not any(char.isdecimal() for char in run):
+            continue  # both kinds need a digit
+        size = len(run)
+        end = len(run.rstrip("-"))  # a marker ends on the run's last word character
+        # Whether run[i:] holds a digit, and an ASCII letter.
+        digit_after = [False] * (size + 1)
+        letter_after = [False] * (size + 1)
+        for index in range(size - 1, -1, -1):
+            digit_after[index] = digit_after[index + 1] or run[index].isdecimal()
+            letter_after[index] = letter_after[index + 1] or run[index] in _ASCII_LETTERS
+        position = 0
+        while position < size:
+            if run[position] == "-":
+                position += 1
+                continue
+            word_end = run.find("-", position)
+            word_end = size if word_end < 0 else word_end
+            if (
+                run[position] in _ASCII_ALNUM
+                and digit_after[position]
+                and letter_after[position]
+                and end - position >= 4
+            ):
+                found.append(run[position:end])
+                break  # the marker takes the rest of the run
+            word = run[position:word_end]
+            if len(word) >= 5 and word.isdecimal():
+                found.append(word)
+            position = word_end
+    return found
 
 
 def detect_cascading_error(analysis: _Analysis) -> list[SignalInstance]:
@@ -2139,7 +2205,7 @@ def detect_cascading_error(analysis: _Analysis) -> list[SignalInstance]:
         error_text = f"{source.error_detail} {analysis.result_text(source)}"
         markers = {
             marker
-            for marker in _MARKER.findall(error_text)
+            for marker in cascade_markers(error_text)
             if len(marker) >= limits.cascade_min_marker_chars and not marker.isalpha()
         }
         markers -= _known_before(analysis, source.step_index, markers)

@@ -3,7 +3,7 @@ sampling strategy, and a trajectory as OTLP/JSON with its signals as span events
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from django.http import HttpRequest
@@ -256,6 +256,12 @@ def _informativeness_out(row: sampling.Informativeness) -> dict[str, Any]:
     }
 
 
+def _utc(moment: datetime) -> datetime:
+    # A time without an offset is UTC, as everywhere in Keel; comparing it with one that has an offset
+    # (the default window end, now) would raise.
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+
+
 @router.get("/review/samples", auth=READ, response={200: list[ReviewSampleOut], **ERRORS})
 def review_sample_list_api(request: HttpRequest) -> Any:
     samples = triage.review_sample_list(workspace=request_workspace(request), agent_ids=request_agent_ids(request))
@@ -272,8 +278,9 @@ def review_sample_create_api(request: HttpRequest, payload: ReviewSampleIn) -> A
         agent = registry_selectors.agent_get(workspace=workspace, slug=payload.agent, agent_ids=agent_ids)
     elif agent_ids is not None:
         raise PermissionDenied("this key is limited to some agents: name one in `agent`")
-    window_end = payload.window_end or timezone.now()
-    window_start = payload.window_start or window_end - timedelta(hours=payload.hours)
+    window_end = _utc(payload.window_end) if payload.window_end is not None else timezone.now()
+    window_start = _utc(payload.window_start) if payload.window_start is not None else None
+    window_start = window_start or window_end - timedelta(hours=payload.hours)
     sample = triage.review_sample_create(
         workspace=workspace,
         agent=agent,
@@ -349,7 +356,8 @@ def review_informativeness_api(request: HttpRequest, query: Query[Informativenes
         if query.agent
         else None
     )
-    report = triage.review_informativeness(workspace=workspace, agent_ids=agent_ids, agent=agent, since=query.since)
+    since = _utc(query.since) if query.since is not None else None
+    report = triage.review_informativeness(workspace=workspace, agent_ids=agent_ids, agent=agent, since=since)
     comparison = report.comparison
     return {
         "overall": [_informativeness_out(row) for row in report.overall],

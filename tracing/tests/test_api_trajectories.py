@@ -66,6 +66,10 @@ def test_bad_list_queries_are_422(traces, workspace, api_client_for):
     assert client.get("/api/v1/trajectories", {"order": "sideways"}).status_code == 422
     assert client.get("/api/v1/trajectories", {"cursor": "not-a-cursor"}).json()["code"] == "invalid_query"
     assert client.get("/api/v1/trajectories", {"agent": "nobody"}).status_code == 404
+    misspelt = client.get("/api/v1/trajectories", {"signal": "loops"})
+    assert (misspelt.status_code, misspelt.json()["code"]) == (422, "invalid_query")
+    assert "loop, exhaustion" in misspelt.json()["detail"]
+    assert client.get("/api/v1/trajectories", {"signal": "loop"}).status_code == 200
 
 
 def test_the_prompt_filter_takes_a_name_with_a_colon_whole_unless_a_version_follows(workspace, api_client_for):

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import signal
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tracing import otlp
 from tracing.signals import (
@@ -17,6 +21,7 @@ from tracing.signals import (
     SignalConfig,
     SignalInstance,
     SignalReport,
+    cascade_markers,
     schema_violations,
     signals_compute,
     tool_result_shape,
@@ -273,6 +278,33 @@ def test_a_new_related_request_or_an_answer_is_not_misalignment(follow_up: str) 
     assert only(report, "misalignment") == []
 
 
+def _system(run: Run, text: str) -> Run:
+    """Start a new model call's context, as a chain step or a sub-agent does: its own system prompt."""
+    run.history = [{"role": "system", "parts": [{"type": "text", "content": text}]}]
+    return run
+
+
+def test_a_request_handed_to_a_later_chain_step_is_not_the_user_asking_again() -> None:
+    """Keel's gateway chain tier (and any pipeline of model calls) gives each step the user's request
+    and the previous step's output as "user" messages: the user spoke once."""
+    question = "Do I get my money back if the driver cancels my ride?"
+    run = _system(Run(), "Classify the rider's request.").user(question)
+    run.say(f'{{"intent": "refund", "summary": "{question}"}}')
+    _system(run, "Answer the rider using the classification.").user(question)
+    run.user(f'Output of step classify: {{"summary": "{question}"}} Now do step answer.')
+    run.say("Yes: when the driver cancels, the fare is refunded in full to your card within 3 days.")
+    report = run.report()
+    assert report.instances == ()
+    assert report.triage_score == 0.0
+
+
+def test_a_system_prompt_before_the_dialogue_leaves_the_users_turns_read() -> None:
+    run = _system(Run(), "You are the ride support bot.").user("What were total sales by region for 2023?")
+    run.say("Here is the customer count per country.").user("I want the total sales for each region in 2023.")
+    (instance,) = only(run.say("North $1M, South $2M.").report(), "misalignment")
+    assert (instance.kind, instance.step_indices) == ("rephrase", (2, 4))
+
+
 def test_a_user_who_does_not_follow_is_misalignment_of_kind_clarification() -> None:
     report = (
         Run()
@@ -373,6 +405,24 @@ def test_an_escalation_the_user_did_not_ask_for_raises_no_signal() -> None:
 def test_negative_stance(text: str, why: str) -> None:
     report = Run().user("Refund my ride.").say("Done, $5 refunded.").user(text).say("Let me look again.").report()
     assert [(i.kind, i.step_indices, i.why) for i in only(report, "disengagement")] == [("negative_stance", (3,), why)]
+
+
+@pytest.mark.parametrize(
+    "opening",
+    [
+        "Please cancel my account, I'm moving abroad.",
+        "The app doesn't work when I log in, can you help?",
+        "My card was charged twice, this is frustrating.",
+        "WHY WAS I CHARGED TWICE FOR ONE RIDE",
+    ],
+)
+def test_an_opening_request_that_names_a_problem_is_not_disengagement(opening: str) -> None:
+    """The user has not met the agent yet: the words name the task or the problem, not giving up on it."""
+    solved = Run().user(opening).say("Done: I have sorted that out for you.").user("Perfect, thank you.").report()
+    assert only(solved, "disengagement") == []
+    # The same words once the agent has answered are disengagement, on that turn.
+    later = Run().user("Hello.").say("Hi! How can I help?").user(opening).say("Let me look into it.").report()
+    assert [i.step_indices for i in only(later, "disengagement")] == [(3,)]
 
 
 def test_thanks_with_exclamation_marks_is_not_negative() -> None:
@@ -715,6 +765,32 @@ def test_reporting_a_failure_or_reusing_ids_the_user_gave_is_not_cascading() -> 
     failed.say("Sorry, the refund failed with error ERR-90211.")
     assert only(run.report(), "cascading_error") == []
     assert only(failed.report(), "cascading_error") == []
+
+
+OLD_MARKER = re.compile(r"\b(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[A-Za-z0-9][\w-]{3,}\b|\b\d{5,}\b")
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.text(alphabet="a1Z9_-. é١x", max_size=24))
+def test_cascade_markers_are_what_the_documented_pattern_finds(text: str) -> None:
+    assert cascade_markers(text) == OLD_MARKER.findall(text)
+
+
+def test_a_long_run_of_words_and_hyphens_does_not_hang_the_marker_scan() -> None:
+    """`1-1-1-...` took the old pattern the square of its length (about 4 minutes for 100,000
+    characters); the guard only catches a hang, it is 100 times what the scan needs."""
+
+    def hung(*_: object) -> None:
+        raise TimeoutError("the marker scan hangs")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(30)
+    try:
+        assert cascade_markers("1-" * 50_000) == []
+        assert cascade_markers("a-" * 50_000 + "7") == ["a-" * 50_000 + "7"]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 # --- Goal drift -------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@ key's workspace and agents (401 without a key, 403 without the scope, 404 for an
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.test import Client
@@ -122,6 +122,22 @@ def test_draw_a_sample_review_an_item_and_read_informativeness(workspace, agents
     assert client.get(f"/api/v1/review/samples/{sample['id']}").json()["reviewed_count"] == 1
     assert [row["id"] for row in client.get("/api/v1/review/samples").json()] == [sample["id"]]
     assert "reward_hacking" in [mode["value"] for mode in client.get("/api/v1/review/failure-modes").json()]
+
+
+def test_a_window_start_without_an_offset_is_utc(workspace, agents, api_client_for):
+    """Only the start given: the end is now, with an offset; a start without one is read as UTC, not a 500."""
+    client = api_client_for(workspace)
+    start = (NOW - timedelta(hours=2)).astimezone(UTC).replace(tzinfo=None, microsecond=0)
+
+    drawn = client.post(
+        "/api/v1/review/samples",
+        {"strategy": "random", "budget": 10, "window_start": start.isoformat()},
+        content_type="application/json",
+    )
+
+    assert drawn.status_code == 201, drawn.content
+    assert datetime.fromisoformat(drawn.json()["window_start"]) == start.replace(tzinfo=UTC)
+    assert drawn.json()["item_count"] == 6
 
 
 def test_without_a_key_every_endpoint_is_401(agents):

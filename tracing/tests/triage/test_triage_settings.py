@@ -150,7 +150,9 @@ def test_signal_config_for_agent_keeps_the_requirements_limits_and_adds_the_sett
 @pytest.mark.django_db
 def test_an_agents_own_phrase_makes_a_signal_fire_after_the_recompute(otel, workspace):
     agent = AgentFactory.create(workspace=workspace, slug="ride-support")
-    trace_id = refund_conversation(otel.tracer(), question="Das ist ein Witz, ich gebe auf")
+    # The opening request: an agent's phrase for asking for a person reads it (giving up is read only
+    # after the agent has answered).
+    trace_id = refund_conversation(otel.tracer(), question="Das ist ein Witz, ich will einen Menschen")
     api_key, _ = registry_services.apikey_create(workspace=workspace, name="k", scopes=["ingest"], agents=[agent])
     services.ingest_otlp_accept(
         api_key=api_key, body=otel.protobuf(), content_type="application/x-protobuf", content_encoding=""
@@ -159,11 +161,13 @@ def test_an_agents_own_phrase_makes_a_signal_fire_after_the_recompute(otel, work
     assert "disengagement" not in trajectory.signal_names
 
     triage.triage_settings_update(
-        agent=agent, language="de", phrases={"de": {"quit": {"mode": "extend", "phrases": ["ich gebe auf"]}}}
+        agent=agent,
+        language="de",
+        phrases={"de": {"human_request": {"mode": "extend", "phrases": ["ich will einen menschen"]}}},
     )
     services.trajectory_signals_recompute(trajectory_ids=[trajectory.pk])
 
     trajectory.refresh_from_db()
     assert "disengagement" in trajectory.signal_names
-    (quit_signal,) = [i for i in trajectory.signals if i["signal"] == "disengagement"]
-    assert quit_signal["kind"] == "quit"
+    (request_signal,) = [i for i in trajectory.signals if i["signal"] == "disengagement"]
+    assert request_signal["kind"] == "human_request"
