@@ -18,16 +18,18 @@ says everything that is wrong with it at once.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from config.errors import InvalidJson
 from config.json_body import holds_nul, json_loads_storable
 
 FIELDS = (
+    "key",
     "task",
     "input_messages",
     "reference_output",
@@ -40,6 +42,7 @@ FIELDS = (
 _JSON_FIELDS = frozenset({"input_messages", "expected_tool_calls", "expected_state", "metadata"})
 MESSAGE_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 TRACE_ID_MAX_CHARS = 32
+KEY_MAX_CHARS = 200
 # One file reports at most this many problems; the rest are the same mistake repeated.
 MAX_PROBLEMS = 50
 
@@ -67,6 +70,9 @@ class ItemsInvalid(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ItemData:
+    # The item's identity across versions: comparisons of two runs pair items by it. Blank: not given, and
+    # `items_keyed` derives it from the input, so an unchanged input keeps its key from version to version.
+    key: str = ""
     task: str = ""
     input_messages: tuple[Mapping[str, Any], ...] = ()
     reference_output: str | None = None
@@ -77,6 +83,7 @@ class ItemData:
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "key": self.key,
             "task": self.task,
             "input_messages": [dict(message) for message in self.input_messages],
             "reference_output": self.reference_output,
@@ -193,6 +200,15 @@ def item_parse(data: object, *, line: int) -> ItemData:
         problems.add("expected_state", "must be an object or null")
         state = None
 
+    key = data.get("key")
+    if key is None:
+        key = ""
+    if isinstance(key, int) and not isinstance(key, bool):
+        key = str(key)  # a numeric id is a common habit; it is the same identity as its text
+    if not isinstance(key, str) or len(key) > KEY_MAX_CHARS or (key and not key.strip()):
+        problems.add("key", f"must be text of at most {KEY_MAX_CHARS} characters, not blank")
+        key = ""
+
     trace_id = data.get("source_trace_id")
     if trace_id is None:
         trace_id = ""
@@ -201,6 +217,7 @@ def item_parse(data: object, *, line: int) -> ItemData:
         trace_id = ""
 
     item = ItemData(
+        key=key,
         task=task,
         input_messages=messages,
         reference_output=reference,
@@ -217,14 +234,20 @@ def item_parse(data: object, *, line: int) -> ItemData:
 def _parse_all(rows: Iterator[tuple[int, object]] | Sequence[tuple[int, object]]) -> list[ItemData]:
     items: list[ItemData] = []
     problems: list[Problem] = []
+    key_lines: dict[str, int] = {}
     for line, data in rows:
         if isinstance(data, Problem):
             problems.append(data)
             continue
         try:
-            items.append(item_parse(data, line=line))
+            item = item_parse(data, line=line)
         except ItemsInvalid as error:
             problems.extend(error.problems)
+        else:
+            items.append(item)
+            if item.key and item.key in key_lines:
+                problems.append(Problem(line, "key", f"repeats the key of line {key_lines[item.key]}"))
+            key_lines.setdefault(item.key, line)
         if len(problems) >= MAX_PROBLEMS:
             break
     if problems:
@@ -235,6 +258,49 @@ def _parse_all(rows: Iterator[tuple[int, object]] | Sequence[tuple[int, object]]
 def items_parse(data: Sequence[object]) -> list[ItemData]:
     """Items from the JSON API; a problem's line is the item's position, counted from 1."""
     return _parse_all([(index + 1, item) for index, item in enumerate(data)])
+
+
+def input_key(task: str, input_messages: Sequence[Mapping[str, Any]]) -> str:
+    """The key an item without one gets: a hash of its input (task and messages), so that the same input
+    in two versions is the same item, whatever happened to its reference, tags or position."""
+    canonical = json.dumps(
+        {"task": task, "input_messages": list(input_messages)},
+        ensure_ascii=False,
+        sort_keys=True,
+        separators=(",", ":"),
+        default=str,
+    )
+    return "input:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:24]
+
+
+def items_keyed(items: Sequence[ItemData]) -> list[ItemData]:
+    """The items, each with its key: the one it was given, else its input's hash; the second and later
+    items with the same input get "#2", "#3"... after it. Raises `ItemsInvalid` (the line is the item's
+    index + 1) when two items were given the same key."""
+    problems: list[Problem] = []
+    given: dict[str, int] = {}
+    for index, item in enumerate(items):
+        if not item.key:
+            continue
+        if item.key in given:
+            problems.append(Problem(index + 1, "key", f"repeats the key of item {given[item.key]}"))
+        given.setdefault(item.key, index + 1)
+    if problems:
+        raise ItemsInvalid(problems[:MAX_PROBLEMS])
+    taken = set(given)
+    keyed: list[ItemData] = []
+    for item in items:
+        if item.key:
+            keyed.append(item)
+            continue
+        base = input_key(item.task, item.input_messages)
+        key, repeat = base, 1
+        while key in taken:
+            repeat += 1
+            key = f"{base}#{repeat}"
+        taken.add(key)
+        keyed.append(replace(item, key=key))
+    return keyed
 
 
 def content_text(content: Any) -> str | None:

@@ -11,6 +11,7 @@ subgroups like any run.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +20,7 @@ from django.db.models import Prefetch
 from django.utils import timezone
 
 from agent_registry.models import ApiKey, User, Workspace
-from evals import exceptions, gym, runs
+from evals import dataset_items, exceptions, gym, runs
 from evals.models import Run, RunItem, RunItemStatus, RunSample, RunScore, RunStatus, RunTrigger, Suite, SuiteTarget
 
 IMPORTED_EVALUATOR = "reward"
@@ -50,6 +51,7 @@ def run_rollouts(*, run: Run) -> Iterator[gym.Rollout]:
                 reward=reward,
                 passed=None if reward is None else bool(primary and primary.passed),
                 metadata={
+                    "item_key": item.key,
                     "tags": tags or {},
                     "trace_id": sample.trace_id,
                     "reference_output": item.reference_output,
@@ -118,17 +120,20 @@ def run_import(
         created_via_key=created_via_key,
         started_at=now,
     )
+    ordered = sorted(tasks.items())
+    keys = _item_keys([group for _, group in ordered])
     items = RunItem.objects.bulk_create(
         [
             RunItem(
                 run=run,
                 position=task_index,
+                key=key,
                 task=group[0].input if isinstance(group[0].input, str) else "",
                 input_messages=group[0].input if isinstance(group[0].input, list) else [],
                 metadata=_item_metadata(group[0].metadata),
                 status=RunItemStatus.DONE,
             )
-            for task_index, group in sorted(tasks.items())
+            for (task_index, group), key in zip(ordered, keys, strict=True)
         ]
     )
     by_position = {item.position: item for item in items}
@@ -167,6 +172,27 @@ def run_import(
     run.finished_at = timezone.now()
     run.save(update_fields=["report", "status", "finished_at"])
     return run
+
+
+def _item_keys(groups: list[list[gym.Rollout]]) -> list[str]:
+    """Each task's item key: the one Keel's export wrote (so an imported run compares item by item with
+    the run it came from), else its input's hash. A key that several tasks claim is not an identity; they
+    fall back to their input's hash."""
+    given = []
+    for group in groups:
+        metadata = group[0].metadata
+        key = metadata.get("item_key") if isinstance(metadata, dict) else None
+        given.append(key if isinstance(key, str) and key.strip() and len(key) <= dataset_items.KEY_MAX_CHARS else "")
+    claimed = Counter(key for key in given if key)
+    items = [
+        dataset_items.ItemData(
+            key=key if claimed[key] == 1 else "",
+            task=group[0].input if isinstance(group[0].input, str) else "",
+            input_messages=tuple(group[0].input) if isinstance(group[0].input, list) else (),
+        )
+        for key, group in zip(given, groups, strict=True)
+    ]
+    return [item.key for item in dataset_items.items_keyed(items)]
 
 
 def _item_metadata(metadata: Any) -> dict[str, Any]:

@@ -74,6 +74,8 @@ class DatasetItem(models.Model):
 
     version = models.ForeignKey(DatasetVersion, on_delete=models.CASCADE, related_name="items")
     position = models.PositiveIntegerField()
+    # The item's identity across versions (given, or its input's hash): two runs are compared item by item on it.
+    key = models.CharField(max_length=200)
     task = models.TextField(blank=True)
     input_messages = models.JSONField(default=list, blank=True)
     reference_output = models.TextField(blank=True)  # blank: no reference
@@ -85,6 +87,7 @@ class DatasetItem(models.Model):
     class Meta:
         constraints: ClassVar = [
             models.UniqueConstraint(fields=["version", "position"], name="datasetitem_position_unique"),
+            models.UniqueConstraint(fields=["version", "key"], name="datasetitem_key_unique"),
         ]
         indexes: ClassVar = [
             models.Index(fields=["source_trace_id"], name="datasetitem_source_trace", condition=~Q(source_trace_id="")),
@@ -312,6 +315,7 @@ class RunItem(models.Model):
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="items")
     position = models.PositiveIntegerField()
+    key = models.CharField(max_length=200)  # the dataset item's key; comparisons pair runs' items on it
     dataset_item = models.ForeignKey(DatasetItem, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     task = models.TextField(blank=True)
     input_messages = models.JSONField(default=list, blank=True)
@@ -330,6 +334,7 @@ class RunItem(models.Model):
         ordering = ("position",)
         constraints: ClassVar = [
             models.UniqueConstraint(fields=["run", "position"], name="runitem_position_unique"),
+            models.UniqueConstraint(fields=["run", "key"], name="runitem_key_unique"),
         ]
         indexes: ClassVar = [models.Index(fields=["run", "status"], name="runitem_status")]
 

@@ -30,7 +30,9 @@ MOVES_LOOKBACK = timedelta(days=2)
 
 
 def _suites_for(move: PromptLabelMove) -> list[Suite]:
-    return list(
+    """The suites that evaluate the label on the moved prompt: a move of another prompt of the agent (one
+    the gateway does not serve under that label) changes nothing they run."""
+    suites = list(
         Suite.objects.filter(
             agent_id=move.prompt.agent_id,
             target=SuiteTarget.AGENT,
@@ -39,6 +41,11 @@ def _suites_for(move: PromptLabelMove) -> list[Suite]:
             dataset__isnull=False,
         ).select_related("agent", "dataset")
     )
+    if not suites:
+        return []
+    assert suites[0].agent is not None
+    holder = runs.label_holder(agent=suites[0].agent, label=move.label)
+    return suites if holder is not None and holder.prompt_id == move.prompt_id else []
 
 
 def label_moves_check(*, now: datetime | None = None) -> list[Run]:

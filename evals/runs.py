@@ -31,12 +31,12 @@ from typing import Any
 
 import orjson
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, F, Q
+from django.db.models import Case, Count, F, IntegerField, Q, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from agent_registry import services as registry_services
-from agent_registry.models import ApiKey, PromptLabel, PromptVersion, Scope, User, Workspace
+from agent_registry.models import Agent, ApiKey, PromptLabel, PromptVersion, Scope, User, Workspace
 from config import dispatch
 from config.errors import KeelError
 from evals import dataset_items, evaluators, exceptions, metrics, selectors, verifiers
@@ -75,6 +75,23 @@ class RunNotStartable(exceptions.EvalsConflict):
 # --- Making a run ---------------------------------------------------------------------------------------
 
 
+def label_holder(*, agent: Agent, label: str) -> PromptLabel | None:
+    """The label a suite of the agent evaluates when several of its prompts carry it: the one the gateway
+    serves for `model: "agent/<slug>"` (the prompt named "<slug>/system" first, then by name), so that a
+    suite on "production" scores what production traffic gets."""
+    return (
+        PromptLabel.objects.select_related("version__prompt")
+        .filter(prompt__agent=agent, name=label)
+        .annotate(
+            served_first=Case(
+                When(prompt__name=f"{agent.slug}/system", then=Value(0)), default=Value(1), output_field=IntegerField()
+            )
+        )
+        .order_by("served_first", "prompt__name", "pk")
+        .first()
+    )
+
+
 def _prompt_version(suite: Suite, override: PromptVersion | None) -> PromptVersion | None:
     if override is not None:
         return override
@@ -82,12 +99,7 @@ def _prompt_version(suite: Suite, override: PromptVersion | None) -> PromptVersi
         return suite.prompt_version
     if suite.target != SuiteTarget.AGENT or suite.agent is None:
         return None
-    label = (
-        PromptLabel.objects.select_related("version__prompt")
-        .filter(prompt__agent=suite.agent, name=suite.prompt_label or "production")
-        .order_by("prompt__name")
-        .first()
-    )
+    label = label_holder(agent=suite.agent, label=suite.prompt_label or "production")
     if label is None:
         raise RunNotStartable(
             f"the agent {suite.agent.slug} has no prompt labelled {suite.prompt_label or 'production'!r}",
@@ -191,6 +203,7 @@ def run_create(
             RunItem(
                 run=run,
                 position=item.position,
+                key=item.key,
                 dataset_item=item,
                 task=item.task,
                 input_messages=item.input_messages,
@@ -697,9 +710,10 @@ def _tags(metadata: Any) -> dict[str, str]:
     return {str(key): str(value) for key, value in tags.items()}
 
 
-def item_results(*, run: Run, evaluator: str) -> list[metrics.ItemResult]:
+def item_results(*, run: Run, evaluator: str, by_key: bool = False) -> list[metrics.ItemResult]:
     """The run's items as `metrics` reads them, for one evaluator: each sample's score (None when the
-    sample or its score errored) and whether it passed; the answer text for majority@k."""
+    sample or its score errored) and whether it passed; the answer text for majority@k. Each item's id is
+    its position, or with `by_key` its key (its identity across dataset versions)."""
     scores = {
         sample_id: (score, passed)
         for sample_id, score, passed in RunScore.objects.filter(
@@ -718,8 +732,10 @@ def item_results(*, run: Run, evaluator: str) -> list[metrics.ItemResult]:
         answer = verifiers.normalise_text(text) if text and score is not None else None
         samples_of.setdefault(item_id, []).append(metrics.Sample(score, bool(passed), answer))
     return [
-        metrics.ItemResult(str(position), tuple(samples_of.get(item_id, ())), _tags(metadata))
-        for item_id, position, metadata in RunItem.objects.filter(run=run).values_list("pk", "position", "metadata")
+        metrics.ItemResult(key if by_key else str(position), tuple(samples_of.get(item_id, ())), _tags(metadata))
+        for item_id, position, key, metadata in RunItem.objects.filter(run=run).values_list(
+            "pk", "position", "key", "metadata"
+        )
     ]
 
 
@@ -758,22 +774,56 @@ def run_progress(*, run: Run) -> dict[str, Any]:
 
 
 def item_scores(*, run: Run, evaluator: str) -> dict[str, float | None]:
-    return metrics.item_scores(item_results(run=run, evaluator=evaluator))
+    """Item key -> the item's score for one evaluator (None when errored)."""
+    return metrics.item_scores(item_results(run=run, evaluator=evaluator, by_key=True))
+
+
+def item_positions(*, run: Run) -> dict[str, int]:
+    """Item key -> the item's position in the run."""
+    return dict(RunItem.objects.filter(run=run).values_list("key", "position"))
+
+
+def runs_compare_items(*, baseline: Run, candidate: Run, evaluators_named: Iterable[str]) -> list[dict[str, Any]]:
+    """Every item of either run, matched on its key, in the candidate's order and then the items only the
+    baseline has, in its order: each side's position and, per evaluator, each side's score and the delta.
+    A side's position and scores are None where that run lacks the item."""
+    names = list(evaluators_named)
+    a_positions, b_positions = item_positions(run=baseline), item_positions(run=candidate)
+    a_scores = {name: item_scores(run=baseline, evaluator=name) for name in names}
+    b_scores = {name: item_scores(run=candidate, evaluator=name) for name in names}
+    keys = sorted(b_positions, key=b_positions.__getitem__) + sorted(
+        a_positions.keys() - b_positions.keys(), key=a_positions.__getitem__
+    )
+    rows = []
+    for key in keys:
+        in_a, in_b = key in a_positions, key in b_positions
+        scores = {}
+        for name in names:
+            a, b = a_scores[name].get(key), b_scores[name].get(key)
+            scores[name] = {"baseline": a, "candidate": b, "delta": None if a is None or b is None else b - a}
+        rows.append(
+            {
+                "key": key,
+                "presence": "both" if in_a and in_b else ("baseline_only" if in_a else "candidate_only"),
+                "baseline_position": a_positions.get(key),
+                "candidate_position": b_positions.get(key),
+                "scores": scores,
+            }
+        )
+    return rows
 
 
 PAIRWISE_LIMIT = 100  # items a pairwise comparison judges (two judge calls each, in the request)
 
 
-def _first_answers(run: Run, limit: int) -> dict[int, tuple[RunItem, RunSample]]:
-    found: dict[int, tuple[RunItem, RunSample]] = {}
-    samples = (
-        RunSample.objects.filter(item__run=run, error="").select_related("item").order_by("item__position", "sample")
-    )
-    for sample in samples:
-        if sample.item.position not in found:
-            found[sample.item.position] = (sample.item, sample)
-            if len(found) >= limit:
-                break
+def _first_answers(run: Run, keys: Iterable[str] | None = None) -> dict[str, tuple[RunItem, RunSample]]:
+    """Item key -> the item and its first answered sample; only the items `keys` names, when given."""
+    found: dict[str, tuple[RunItem, RunSample]] = {}
+    samples = RunSample.objects.filter(item__run=run, error="").select_related("item")
+    if keys is not None:
+        samples = samples.filter(item__key__in=list(keys))
+    for sample in samples.order_by("item__position", "sample"):
+        found.setdefault(sample.item.key, (sample.item, sample))
     return found
 
 
@@ -786,12 +836,15 @@ def runs_compare_pairwise(
     judge = evaluators.build_pairwise(
         evaluators.Snapshot.of(evaluator), workspace_id=candidate.workspace_id, agent_id=candidate.agent_id
     )
-    a_answers, b_answers = _first_answers(baseline, limit), _first_answers(candidate, limit)
+    # Items pair on their key, so two runs over different dataset versions judge the same item's answers.
+    b_answers = _first_answers(candidate)
+    a_answers = _first_answers(baseline, b_answers.keys())
+    shared = sorted(a_answers.keys() & b_answers.keys(), key=lambda key: b_answers[key][0].position)[:limit]
     tally = {"candidate_wins": 0, "baseline_wins": 0, "ties": 0, "inconsistent": 0, "position_bias": 0, "errored": 0}
     details = []
-    for position in sorted(a_answers.keys() & b_answers.keys()):
-        item, a = a_answers[position]
-        _, b = b_answers[position]
+    for key in shared:
+        a_item, a = a_answers[key]
+        item, b = b_answers[key]
         verdict = judge.compare(
             _eval_item(item), eval_output(a.output, a.output_text), eval_output(b.output, b.output_text)
         )
@@ -807,7 +860,9 @@ def runs_compare_pairwise(
         tally["position_bias"] += 1 if verdict.position_bias else 0
         details.append(
             {
-                "position": position,
+                "key": key,
+                "position": item.position,
+                "baseline_position": a_item.position,
                 "winner": {"a": "baseline", "b": "candidate", "tie": "tie"}[verdict.winner],
                 "consistent": verdict.consistent,
                 "position_bias": verdict.position_bias,
@@ -827,8 +882,9 @@ def runs_compare_pairwise(
 
 
 def runs_compare(*, baseline: Run, candidate: Run, evaluators_named: Iterable[str] | None = None) -> dict[str, Any]:
-    """Candidate against baseline on the items both ran (by position in the dataset version): per evaluator,
-    the paired comparison (delta, bootstrap interval, sign-flip p-value) and each run's report."""
+    """Candidate against baseline on the items both ran, matched on the item's key (its identity across
+    dataset versions, not its position): per evaluator, the paired comparison (delta, bootstrap interval,
+    sign-flip p-value); `items_only_in_baseline`/`items_only_in_candidate` count the items one run lacks."""
     names = list(evaluators_named or [])
     if not names:
         baseline_names = [data["name"] for data in baseline.evaluators]
@@ -840,9 +896,13 @@ def runs_compare(*, baseline: Run, candidate: Run, evaluators_named: Iterable[st
         )
         comparisons[name] = comparison.as_json()
     same_items = baseline.dataset_version_id == candidate.dataset_version_id
+    a_keys, b_keys = set(item_positions(run=baseline)), set(item_positions(run=candidate))
     return {
         "baseline": baseline.pk,
         "candidate": candidate.pk,
         "same_dataset_version": same_items,
+        "items_in_both": len(a_keys & b_keys),
+        "items_only_in_baseline": len(a_keys - b_keys),
+        "items_only_in_candidate": len(b_keys - a_keys),
         "metrics": comparisons,
     }

@@ -68,6 +68,7 @@ def dataset_item_list(*, version: DatasetVersion) -> QuerySet[DatasetItem]:
 
 def dataset_item_data(item: DatasetItem) -> dataset_items.ItemData:
     return dataset_items.ItemData(
+        key=item.key,
         task=item.task,
         input_messages=tuple(item.input_messages or ()),
         reference_output=item.reference_output or None,

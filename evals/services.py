@@ -88,13 +88,18 @@ def dataset_version_create_from_items(
     created_by: User | None = None,
     created_via_key: ApiKey | None = None,
 ) -> DatasetVersion:
-    """The dataset's next version, holding exactly `items` in order.
+    """The dataset's next version, holding exactly `items` in order; an item without a key gets its
+    input's hash (`dataset_items.items_keyed`), and two items with the same key are refused.
 
     The dataset row is locked so that two concurrent writes get consecutive numbers, not a conflict."""
     if len(items) > MAX_ITEMS:
         raise exceptions.DatasetInvalid(
             f"a version holds at most {MAX_ITEMS} items", errors=[{"field": "items", "message": "too many items"}]
         )
+    try:
+        items = dataset_items.items_keyed(items)
+    except dataset_items.ItemsInvalid as error:
+        raise _items_invalid(error) from None
     Dataset.objects.select_for_update().filter(pk=dataset.pk).get()
     latest = DatasetVersion.objects.filter(dataset=dataset).aggregate(latest=Max("version"))["latest"] or 0
     version = DatasetVersion(
@@ -112,6 +117,7 @@ def dataset_version_create_from_items(
             DatasetItem(
                 version=version,
                 position=position,
+                key=item.key,
                 task=item.task,
                 input_messages=[dict(message) for message in item.input_messages],
                 reference_output=item.reference_output or "",

@@ -179,6 +179,9 @@ class CompareQuery(Schema):
     baseline: int
     candidate: int
     judge: str | None = Field(default=None, description="a pairwise judge evaluator to also compare the answers")
+    items: bool = Field(
+        default=False, description="also list every item, matched on its key, with each run's score and the delta"
+    )
 
 
 class ImportQuery(Schema):
@@ -318,6 +321,7 @@ def run_out(run: Run) -> dict[str, Any]:
 def _item_out(item: RunItem) -> dict[str, Any]:
     return {
         "position": item.position,
+        "key": item.key,
         "status": item.status,
         "task": item.task,
         "input_messages": item.input_messages,
@@ -668,10 +672,15 @@ def run_list_api(request: HttpRequest, query: Query[RunListQuery]) -> Any:
 
 @router.get("/runs/compare", auth=READ, response={200: dict[str, Any], **ERRORS})
 def run_compare_api(request: HttpRequest, query: Query[CompareQuery]) -> Any:
-    """The candidate against the baseline on the items both ran: per evaluator, the mean delta with its
-    bootstrap interval and the paired sign-flip test's p-value."""
+    """The candidate against the baseline on the items both ran, matched on each item's key (so runs over
+    two dataset versions compare the same items): per evaluator, the mean delta with its bootstrap
+    interval and the paired sign-flip test's p-value, and how many items only one run has."""
     baseline, candidate = _run(request, query.baseline), _run(request, query.candidate)
     comparison = runs.runs_compare(baseline=baseline, candidate=candidate)
+    if query.items:
+        comparison["items"] = runs.runs_compare_items(
+            baseline=baseline, candidate=candidate, evaluators_named=list(comparison["metrics"])
+        )
     if query.judge:
         (judge,) = _evaluators(request, [query.judge])
         try:

@@ -520,7 +520,12 @@ def eval_run_resume_view(request: HtmxHttpRequest, membership: Membership, run_i
 
 @dataclass(frozen=True)
 class ItemDelta:
-    position: int
+    """One item of either run, matched on its key; a side's position is None where that run lacks it."""
+
+    key: str
+    presence: str  # "both", "baseline_only", "candidate_only"
+    position_a: int | None
+    position_b: int | None
     input_text: str
     a: float | None
     b: float | None
@@ -539,22 +544,31 @@ class MetricComparison:
 
 def _comparisons(baseline: Run, candidate: Run) -> tuple[dict[str, Any], list[MetricComparison]]:
     result = runs.runs_compare(baseline=baseline, candidate=candidate)
-    inputs = {item.position: _item_input(item) for item in selectors.run_items(run=candidate, limit=100_000)}
-    metrics = []
-    for name, comparison in result["metrics"].items():
-        a_scores = runs.item_scores(run=baseline, evaluator=name)
-        b_scores = runs.item_scores(run=candidate, evaluator=name)
-        positions = sorted({*a_scores, *b_scores}, key=lambda key: _int(key, 0))
-        metrics.append(
-            MetricComparison(
-                name,
-                comparison,
-                [
-                    ItemDelta(_int(key, 0), inputs.get(_int(key, 0), ""), a_scores.get(key), b_scores.get(key))
-                    for key in positions
-                ],
-            )
+    inputs = {
+        item.key: _item_input(item)
+        for run in (baseline, candidate)
+        for item in selectors.run_items(run=run, limit=100_000)
+    }
+    rows = runs.runs_compare_items(baseline=baseline, candidate=candidate, evaluators_named=list(result["metrics"]))
+    metrics = [
+        MetricComparison(
+            name,
+            comparison,
+            [
+                ItemDelta(
+                    row["key"],
+                    row["presence"],
+                    row["baseline_position"],
+                    row["candidate_position"],
+                    inputs.get(row["key"], ""),
+                    row["scores"][name]["baseline"],
+                    row["scores"][name]["candidate"],
+                )
+                for row in rows
+            ],
         )
+        for name, comparison in result["metrics"].items()
+    ]
     return result, metrics
 
 

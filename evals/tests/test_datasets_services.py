@@ -46,8 +46,9 @@ def test_versions_are_numbered_from_one_and_each_keeps_its_own_items(dataset):
 
     assert (first.version, first.item_count) == (1, 1)
     assert (second.version, second.item_count) == (2, 3)
-    assert selectors.dataset_version_items(version=first) == ITEMS[:1]
-    assert selectors.dataset_version_items(version=second) == ITEMS
+    # Stored as given, each with its key (none given: its input's hash).
+    assert selectors.dataset_version_items(version=first) == dataset_items.items_keyed(ITEMS[:1])
+    assert selectors.dataset_version_items(version=second) == dataset_items.items_keyed(ITEMS)
     assert [version.version for version in selectors.dataset_version_list(dataset=dataset)] == [2, 1]
 
 
@@ -74,7 +75,8 @@ def test_a_download_uploads_back_to_the_same_items(dataset, file_format):
     text = selectors.dataset_version_export(version=version, file_format=file_format)
     parsed = services.dataset_items_from_upload(content=text.encode(), file_format=file_format)
 
-    assert parsed == ITEMS
+    # The file carries each item's key, so the items uploaded back are the same items.
+    assert parsed == dataset_items.items_keyed(ITEMS)
 
 
 def test_csv_holds_structured_fields_as_json_cells(dataset):
@@ -84,7 +86,7 @@ def test_csv_holds_structured_fields_as_json_cells(dataset):
 
     assert text.splitlines() == [
         ",".join(dataset_items.FIELDS),
-        'What is 2 + 2?,,4,,,"{""tags"": {""language"": ""en""}}",',
+        dataset_items.input_key("What is 2 + 2?", ()) + ',What is 2 + 2?,,4,,,"{""tags"": {""language"": ""en""}}",',
     ]
 
 
@@ -149,9 +151,9 @@ def test_adding_trajectories_makes_a_new_version_on_top_of_the_latest(workspace,
 
     items = selectors.dataset_version_items(version=version)
     assert (version.version, version.item_count) == (2, 3)
-    assert items[:2] == ITEMS[:2]
+    assert items[:2] == dataset_items.items_keyed(ITEMS[:2])
     assert items[2].source_trace_id == trace_id
-    assert selectors.dataset_version_items(version=first) == ITEMS[:2]
+    assert selectors.dataset_version_items(version=first) == dataset_items.items_keyed(ITEMS[:2])
 
 
 def test_another_workspaces_trajectory_is_not_added(workspace, other_workspace, dataset, record_trajectory):

@@ -509,7 +509,7 @@ def test_compare_defaults_to_the_previous_completed_run_and_pairs_the_items(gate
     assert comparison["mean_b"] == pytest.approx(1.0)
     assert comparison["mean_delta"] == pytest.approx(0.4375)
     assert (comparison["improved"], comparison["worsened"], comparison["unchanged"]) == (2, 0, 2)
-    assert [(row.position, row.delta) for row in metric.items] == [
+    assert [(row.position_b, row.delta) for row in metric.items] == [
         (0, pytest.approx(0.75)),
         (1, pytest.approx(1.0)),
         (2, 0.0),

@@ -83,7 +83,9 @@ def _csv(items: list[dict[str, Any]]) -> bytes:
 
 
 def _as_stored(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [dataset_items.item_parse(item, line=1).as_dict() for item in items]
+    # Stored with a key each: none is given here, so each gets its input's hash.
+    parsed = [dataset_items.item_parse(item, line=1) for item in items]
+    return [item.as_dict() for item in dataset_items.items_keyed(parsed)]
 
 
 def _post(client: Any, how: str, items: list[dict[str, Any]] | bytes) -> Any:
