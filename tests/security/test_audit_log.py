@@ -266,8 +266,8 @@ API_CASES = [
     "key_create", "key_revoke", "agent_create", "agent_update", "label_move", "label_delete",
     "prompt_delete", "policy_save", "approval_decide", "budget_create", "budget_delete", "target_create",
     "target_update", "router_update", "chain_set", "tool_create", "tool_update", "tool_delete",
-    "alert_rule_create", "mirror_configure", "mirror_delete", "price_set", "price_delete", "export_create", "export_download",
-    "job_create", "agent_delete",
+    "alert_rule_create", "mirror_configure", "mirror_delete", "price_set", "price_delete", "export_create",
+    "export_download", "job_create", "agent_delete",
 ]  # fmt: skip
 
 
