@@ -344,6 +344,21 @@ class Curated:
     correction: str | None
     tokens: int
     metadata: Mapping[str, Any]
+    # The trajectory's figures, for a trainer's logs (ART's and Gym's per-rollout metrics).
+    metrics: Mapping[str, float | int] = field(default_factory=dict)
+
+
+def _metrics(trajectory: Trajectory) -> dict[str, float | int]:
+    return {
+        "steps": trajectory.step_count,
+        "llm_calls": trajectory.llm_call_count,
+        "tool_calls": trajectory.tool_call_count,
+        "errors": trajectory.error_count,
+        "tokens": trajectory.total_tokens,
+        "latency_s": round(trajectory.latency_ms / 1000, 3),
+        "cost_usd": float(trajectory.cost_usd),
+        "triage_score": trajectory.triage_score,
+    }
 
 
 def _first_request(messages: Sequence[Mapping[str, Any]]) -> str:
@@ -410,4 +425,5 @@ def _chunk(workspace: Workspace, chunk: Sequence[Trajectory], reward: Mapping[st
                 "prompt_versions": prompt_versions.get(trajectory.pk, []),
                 "started_at": trajectory.started_at.isoformat(),
             },
+            metrics=_metrics(trajectory),
         )

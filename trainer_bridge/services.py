@@ -190,6 +190,7 @@ def _rollout(item: curation_query.Curated, grouping: str) -> groups.Rollout | No
         metadata=item.metadata,
         correction=item.correction,
         tokens=item.tokens,
+        metrics=item.metrics,
         dataset_item_id=keys.get("dataset_item") if grouping in ("auto", "dataset_item") else None,
         task_id=keys.get("task_id") if grouping in ("auto", "task_id") else None,
     )

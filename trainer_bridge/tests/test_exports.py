@@ -15,6 +15,7 @@ import pytest
 from django.utils import timezone
 
 from routing.tests.conftest import Gateway
+from tracing.models import Trajectory
 from trainer_bridge import services
 from trainer_bridge.models import Export, JobStatus
 
@@ -73,6 +74,12 @@ def test_an_art_export_writes_each_group_and_a_manifest_with_the_files_checksum(
         rewards = sorted(trajectory["reward"] for trajectory in group["trajectories"])
         assert rewards == [0.0, 1.0]
         assert all(t["messages_and_choices"][-1]["role"] == "assistant" for t in group["trajectories"])
+        # Each trajectory's figures, as stored, for the trainer's logs (ART logs a trajectory's metrics).
+        for trajectory in group["trajectories"]:
+            stored = Trajectory.objects.get(trace_id=trajectory["metadata"]["trace_id"])
+            assert trajectory["metrics"]["steps"] == stored.step_count > 0
+            assert trajectory["metrics"]["tokens"] == stored.total_tokens
+            assert trajectory["metrics"]["cost_usd"] == float(stored.cost_usd)
     assert export.manifest["counts"]["groups"] == 2
     assert export.manifest["curation"]["name"] == "from-run"
     assert export.groups_done == 2
