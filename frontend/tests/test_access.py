@@ -119,6 +119,7 @@ POSTS = [
     "langfuse_export_retry",
     "langfuse_mirror_delete",
     "model_price_set",
+    "model_price_delete",
     "model_target_create",
     "model_target_edit",
     "model_target_delete",
