@@ -59,6 +59,10 @@ class PromptLabelInvalid(ValidationFailed):
     code = "label_invalid"
 
 
+class PromptResolveInvalid(ValidationFailed):
+    code = "prompt_resolve_invalid"
+
+
 class PromptVariablesMissing(ValidationFailed):
     code = "missing_variables"
 

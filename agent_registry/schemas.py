@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from ninja import Field, Schema
+from pydantic import AwareDatetime
 
 from agent_registry.models import AgentStatus, Scope
 from config.schemas import PatchSchema
@@ -234,7 +235,8 @@ class ApiKeyIn(Schema):
     name: str = Field(min_length=1, max_length=200)
     scopes: list[Scope] = Field(min_length=1)
     agents: list[str] = Field(default_factory=list, description="agent slugs; empty means every agent")
-    expires_at: datetime | None = None
+    # With its offset ("Z", "+02:00"): a naive time names no instant, and cannot be compared with now.
+    expires_at: AwareDatetime | None = None
 
 
 class ApiKeyOut(Schema):

@@ -290,7 +290,13 @@ def prompt_version_resolve(
     version: int | None = None,
     agent_ids: AgentIds = None,
 ) -> PromptVersion:
-    """The version a client asked for: by number, by label, or `production` when neither is given."""
+    """The version a client asked for: by number, by label, or `production` when neither is given.
+    Both at once is refused: which one wins would be a guess (Langfuse refuses it too)."""
+    if label is not None and version is not None:
+        raise exceptions.PromptResolveInvalid(
+            "pass either label or version, not both",
+            errors=[{"field": field, "message": "pass either label or version"} for field in ("label", "version")],
+        )
     prompt = prompt_get(workspace=workspace, name=name, agent_ids=agent_ids)
     if version is not None:
         return prompt_version_get(prompt=prompt, version=version)

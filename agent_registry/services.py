@@ -279,9 +279,12 @@ def agent_delete(*, agent: Agent, deleted_by: User | None = None, deleted_via_ke
 
 
 def requirements_parse(answers: Mapping[str, Any]) -> requirements.Requirements:
-    """Validate answers; a failure names every offending field (`io_gap.steps_p95`, ...)."""
+    """Validate answers; a failure names every offending field (`io_gap.steps_p95`, ...).
+
+    Answers that leave the router no tier at all are refused too: the gateway would otherwise fall back to
+    a tier they never enabled, with none of their budgets."""
     try:
-        return requirements.Requirements.model_validate(answers)
+        parsed = requirements.Requirements.model_validate(answers)
     except ValidationError as error:
         errors = [
             {"field": ".".join(str(part) for part in item["loc"]) or "answers", "message": item["msg"]}
@@ -289,6 +292,27 @@ def requirements_parse(answers: Mapping[str, Any]) -> requirements.Requirements:
         ]
         summary = "; ".join(f"{item['field']}: {item['message']}" for item in errors[:5])
         raise exceptions.RequirementsInvalid(f"invalid requirements: {summary}", errors=errors) from None
+    _requirements_workable_check(parsed)
+    return parsed
+
+
+def _requirements_workable_check(parsed: requirements.Requirements) -> None:
+    """Refuse answers under which no enabled tier may run (today: an inline latency wall with only the
+    agentic tier enabled). Other feasibility errors are shown, not refused: each still leaves a router."""
+    if requirements.derived_configuration(parsed).allowed_tiers.value:
+        return
+    ruled_out = ", ".join(tier.value for tier in parsed.routing.enabled_tiers)
+    message = (
+        f"no enabled tier can serve a request: the {parsed.constraints.latency.latency_class.value} latency wall "
+        f"rules out {ruled_out}; enable another tier (single_call, chain or human) or relax the latency class"
+    )
+    raise exceptions.RequirementsInvalid(
+        f"invalid requirements: routing.enabled_tiers: {message}",
+        errors=[
+            {"field": "routing.enabled_tiers", "message": message},
+            {"field": "constraints.latency.latency_class", "message": f"rules out {ruled_out}"},
+        ],
+    )
 
 
 @transaction.atomic
@@ -327,6 +351,8 @@ def requirements_version_activate(
     so it is an audit event."""
     if version.agent_id != agent.pk:
         raise exceptions.RequirementsVersionNotFound("that version belongs to another agent")
+    # A version saved before the rule that refuses it (requirements_parse) must not become current either.
+    _requirements_workable_check(requirements.Requirements.model_validate(version.answers))
     locked = Agent.objects.select_for_update(of=("self",)).select_related("current_requirements").get(pk=agent.pk)
     previous = locked.current_requirements
     agent.current_requirements = version
@@ -637,8 +663,12 @@ def prompt_version_render(
     variables: Mapping[str, Any],
     placeholders: Mapping[str, list[dict[str, Any]]] | None = None,
 ) -> str | list[dict[str, Any]]:
+    """Fill the version's variables as the gateway does: the version's defaults (`config.variables`), then
+    the caller's values over them."""
+    defaults = version.config.get("variables") if isinstance(version.config, dict) else None
+    merged = {**(defaults if isinstance(defaults, dict) else {}), **variables}
     try:
-        return prompts.template_render(version.template, variables, placeholders)
+        return prompts.template_render(version.template, merged, placeholders)
     except prompts.MissingVariables as error:
         raise exceptions.PromptVariablesMissing(
             f"missing values for: {', '.join(error.names)}",

@@ -429,8 +429,12 @@ def requirements_activate_view(
 ) -> HttpResponse:
     agent = selectors.agent_get(workspace=membership.workspace, slug=agent_slug)
     found = selectors.requirements_version_get(agent=agent, version=version)
-    services.requirements_version_activate(agent=agent, version=found, user=membership.user)
-    messages.success(request, f"Requirements v{found.version} is current again.")
+    try:
+        services.requirements_version_activate(agent=agent, version=found, user=membership.user)
+    except exceptions.RequirementsInvalid as error:
+        messages.error(request, f"Requirements v{found.version} was not made current: {error.detail}")
+    else:
+        messages.success(request, f"Requirements v{found.version} is current again.")
     return redirect("frontend:requirements_history", workspace_slug=membership.workspace.slug, agent_slug=agent.slug)
 
 

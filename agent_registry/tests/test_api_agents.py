@@ -341,20 +341,20 @@ def test_agent_configuration_without_requirements_is_404(workspace, api_client_f
 
 
 def test_agent_configuration_when_the_latency_wall_rules_out_every_tier(workspace, api_client_for):
+    # Saving such answers is refused now (test_api_requirements); a version stored before that still reads.
     agent = AgentFactory.create(workspace=workspace, slug="stuck")
-    services.requirements_version_create(
-        agent=agent,
-        answers=requirements_answers(
-            **{
-                "constraints.latency.latency_class": "inline",
-                "constraints.latency.hard_ceiling_ms": 1500,
-                "routing.mode": "single_level",
-                "routing.enabled_tiers": ["agentic"],
-                "routing.default_tier": "agentic",
-                "routing.escalation_rules": [],
-            }
-        ),
+    answers = requirements_answers(
+        **{
+            "constraints.latency.latency_class": "inline",
+            "constraints.latency.hard_ceiling_ms": 1500,
+            "routing.mode": "single_level",
+            "routing.enabled_tiers": ["agentic"],
+            "routing.default_tier": "agentic",
+            "routing.escalation_rules": [],
+        }
     )
+    stored = RequirementsVersion.objects.create(agent=agent, version=1, answers=answers)
+    Agent.objects.filter(pk=agent.pk).update(current_requirements=stored)
 
     response = api_client_for(workspace, scopes=["read"]).get("/api/v1/agents/stuck/configuration")
 

@@ -250,3 +250,20 @@ def test_a_key_that_would_expire_in_the_past_is_422_and_not_created(
     assert response.status_code == 422
     assert response.json()["errors"] == [{"field": "expires_at", "message": "in the past"}]
     assert registry_state() == before
+
+
+def test_an_expiry_without_a_time_zone_is_422_and_creates_no_key(workspace, registry, api_client_for, registry_state):
+    # A naive time cannot be compared with now: it answered 500 before.
+    client = api_client_for(workspace)
+    before = registry_state()
+
+    response = client.post(
+        "/api/v1/keys",
+        data={"name": "naive", "scopes": ["read"], "expires_at": "2030-01-01T00:00:00"},
+        content_type="application/json",
+    )
+
+    assert response.status_code == 422
+    assert response.json()["code"] == "validation_error"
+    assert [error["field"] for error in response.json()["errors"]] == ["expires_at"]
+    assert registry_state() == before

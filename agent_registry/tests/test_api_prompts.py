@@ -281,6 +281,30 @@ def test_resolve_by_label_or_version_defaulting_to_production(workspace, registr
     assert (response.json()["name"], response.json()["version"]) == ("ride-support/system", version)
 
 
+@pytest.mark.parametrize("path", ["/api/v1/prompts/ride-support/system", "/api/v1/prompts/ride-support/system/render"])
+def test_asking_for_a_label_and_a_version_at_once_is_422(workspace, registry, api_client_for, path):
+    # Before, the version silently won: `?label=production&version=2` answered v2, which is not in production.
+    client = api_client_for(workspace, scopes=["read"])
+    if path.endswith("/render"):
+        response = client.post(
+            path,
+            data={"label": "production", "version": 2, "variables": {"name": "Ada"}},
+            content_type="application/json",
+        )
+    else:
+        response = client.get(f"{path}?label=production&version=2")
+
+    assert response.status_code == 422
+    assert response.json() == {
+        "detail": "pass either label or version, not both",
+        "code": "prompt_resolve_invalid",
+        "errors": [
+            {"field": "label", "message": "pass either label or version"},
+            {"field": "version", "message": "pass either label or version"},
+        ],
+    }
+
+
 def test_resolve_an_unknown_label_is_404(workspace, registry, api_client_for):
     response = api_client_for(workspace, scopes=["read"]).get("/api/v1/prompts/ride-support/system?label=canary")
 
@@ -593,6 +617,33 @@ def test_render_a_chat_prompt_with_a_placeholder(workspace, registry, api_client
         {"role": "user", "content": "Hi"},
         {"role": "user", "content": "Where is my refund?"},
     ]
+
+
+def test_render_fills_the_versions_default_variables_as_the_gateway_does(workspace, registry, api_client_for):
+    # The gateway takes defaults from the version's `config.variables`; render answered 422 for them before.
+    prompt_with_versions(
+        agent=registry.support,
+        name="ride-support/defaults",
+        templates=["{{company}} support, {{region}} desk: {{question}}"],
+        config={"variables": {"company": "Ride", "region": "EU"}},
+    )
+    client = api_client_for(workspace, scopes=["read"])
+
+    response = client.post(
+        "/api/v1/prompts/ride-support/defaults/render",
+        data={"version": 1, "variables": {"region": "US", "question": "Where is my refund?"}},
+        content_type="application/json",
+    )
+    missing = client.post(
+        "/api/v1/prompts/ride-support/defaults/render",
+        data={"version": 1, "variables": {}},
+        content_type="application/json",
+    )
+
+    assert response.status_code == 200
+    assert response.json()["prompt"] == "Ride support, US desk: Where is my refund?"
+    assert missing.status_code == 422
+    assert missing.json()["errors"] == [{"field": "variables.question", "message": "required"}]
 
 
 def test_render_with_a_missing_variable_is_422(workspace, registry, api_client_for):

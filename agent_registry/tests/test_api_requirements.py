@@ -286,3 +286,87 @@ def test_activate_an_unknown_version_is_404_and_changes_nothing(workspace, regis
     assert response.status_code == 404
     assert response.json()["code"] == "requirements_version_not_found"
     assert registry_state() == before
+
+
+NO_TIER_LEFT = {
+    "constraints.latency.latency_class": "inline",
+    "constraints.latency.hard_ceiling_ms": 1500,
+    "routing.mode": "single_level",
+    "routing.enabled_tiers": ["agentic"],
+    "routing.default_tier": "agentic",
+    "routing.escalation_rules": [],
+}
+NO_TIER_LEFT_ERRORS = [
+    {
+        "field": "routing.enabled_tiers",
+        "message": "no enabled tier can serve a request: the inline latency wall rules out agentic; enable "
+        "another tier (single_call, chain or human) or relax the latency class",
+    },
+    {"field": "constraints.latency.latency_class", "message": "rules out agentic"},
+]
+
+
+def test_requirements_that_leave_the_router_no_tier_are_422_naming_the_field(
+    workspace, registry, api_client_for, registry_state
+):
+    # Saved, the gateway would route to single_call, a tier these answers never enabled, with no budgets.
+    client = api_client_for(workspace)
+    before = registry_state()
+
+    response = client.post(
+        "/api/v1/agents/support/requirements",
+        data={"answers": requirements_answers(**NO_TIER_LEFT), "message": "agentic only"},
+        content_type="application/json",
+    )
+
+    assert response.status_code == 422
+    assert response.json()["code"] == "requirements_invalid"
+    assert response.json()["errors"] == NO_TIER_LEFT_ERRORS
+    assert registry_state() == before
+
+
+def test_the_check_refuses_answers_that_leave_no_tier(workspace, api_client_for):
+    response = api_client_for(workspace, scopes=["read"]).post(
+        "/api/v1/requirements/check",
+        data={"answers": requirements_answers(**NO_TIER_LEFT)},
+        content_type="application/json",
+    )
+
+    assert response.status_code == 422
+    assert response.json()["errors"] == NO_TIER_LEFT_ERRORS
+
+
+def test_an_agent_created_with_requirements_that_leave_no_tier_is_not_created(
+    workspace, api_client_for, registry_state
+):
+    client = api_client_for(workspace)
+    before = registry_state()
+
+    response = client.post(
+        "/api/v1/agents",
+        data={"slug": "stuck", "name": "Stuck", "requirements": requirements_answers(**NO_TIER_LEFT)},
+        content_type="application/json",
+    )
+
+    assert response.status_code == 422
+    assert response.json()["errors"] == NO_TIER_LEFT_ERRORS
+    assert registry_state() == before
+
+
+def test_activating_a_stored_version_that_leaves_no_tier_is_422_and_moves_nothing(
+    workspace, registry, api_client_for, registry_state
+):
+    # A version stored before the rule existed (written past the service, as an old deployment had it).
+    stored = RequirementsVersion.objects.create(
+        agent=registry.support,
+        version=3,
+        answers=requirements.Requirements.model_validate(requirements_answers(**NO_TIER_LEFT)).to_json(),
+    )
+    client = api_client_for(workspace)
+    before = registry_state()
+
+    response = client.post(f"/api/v1/agents/support/requirements/{stored.version}/activate")
+
+    assert response.status_code == 422
+    assert response.json()["errors"] == NO_TIER_LEFT_ERRORS
+    assert registry_state() == before

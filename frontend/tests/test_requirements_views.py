@@ -194,6 +194,46 @@ def test_activating_an_old_version_rolls_back(tenant, member_client):
     assert "Requirements v1 is current again." in [str(m) for m in response.context["messages"]]
 
 
+NO_TIER_LEFT = {
+    "constraints.latency.latency_class": "inline",
+    "constraints.latency.hard_ceiling_ms": 1500,
+    "routing.mode": "single_level",
+    "routing.enabled_tiers": ["agentic"],
+    "routing.default_tier": "agentic",
+    "routing.escalation_rules": [],
+}
+
+
+def test_answers_that_leave_no_tier_are_not_saved_and_the_tiers_are_marked(tenant, member_client):
+    # They were saved before, and the gateway then served a tier the answers never enabled.
+    answers = requirements.Requirements.model_validate(requirements_answers(**NO_TIER_LEFT)).to_json()
+    before = db_state()
+
+    response = member_client.post(_url(tenant), {**forms.requirements_form_values(answers), "message": "agentic"})
+
+    assert response.status_code == 422
+    assert db_state() == before
+    errors = response.context["validation"].errors
+    assert sorted(errors) == ["constraints.latency.latency_class", "routing.enabled_tiers"]
+    assert errors["routing.enabled_tiers"][0].startswith("no enabled tier can serve a request")
+    assert 'data-error-for="routing.enabled_tiers"' in response.content.decode()
+
+
+def test_activating_a_stored_version_that_leaves_no_tier_explains_and_moves_nothing(tenant, member_client):
+    # Stored before the rule (past the service); activating it answered 500 once the service refused it.
+    answers = requirements.Requirements.model_validate(requirements_answers(**NO_TIER_LEFT)).to_json()
+    stored = RequirementsVersion.objects.create(agent=tenant.agent, version=3, answers=answers)
+    before = db_state()
+
+    response = member_client.post(_url(tenant, f"{stored.version}/activate/"), follow=True)
+
+    assert response.status_code == 200
+    assert db_state() == before
+    shown = [str(m) for m in response.context["messages"]]
+    assert len(shown) == 1
+    assert shown[0].startswith("Requirements v3 was not made current: invalid requirements: routing.enabled_tiers:")
+
+
 def test_activating_an_unknown_version_is_404(tenant, member_client):
     before = db_state()
 
