@@ -1,4 +1,4 @@
-"""The evals REST API: datasets, their versions, uploads, items from trajectories and downloads.
+"""The evals REST API: datasets, their versions and their items, uploads, items from trajectories and downloads.
 
 Reads need `read`, writes `write`. A key limited to some agents sees and changes only those agents'
 datasets, and cannot create a workspace-wide one (a dataset without an agent).
@@ -59,6 +59,28 @@ class DatasetVersionIn(Schema):
 class FromTrajectoriesIn(Schema):
     trace_ids: list[str] = Field(min_length=1, max_length=1000)
     message: str = ""
+
+
+class DatasetItemOut(Schema):
+    key: str
+    position: int
+    task: str
+    input_messages: list[Any]
+    reference_output: str = Field(description="blank when the item has no reference")
+    expected_tool_calls: list[Any] | None
+    expected_state: Any
+    metadata: dict[str, Any] = Field(description="as stored; subgroup tags under metadata.tags")
+    source_trace_id: str = Field(description="the trajectory the item came from; blank when uploaded")
+
+
+class DatasetItemPageOut(Schema):
+    items: list[DatasetItemOut]
+    next_cursor: str | None
+
+
+class DatasetItemsQuery(Schema):
+    limit: int = Field(50, ge=1, le=500)
+    cursor: str | None = None
 
 
 class FormatQuery(Schema):
@@ -200,3 +222,35 @@ def dataset_version_download_api(request: HttpRequest, name: str, version: int, 
     response = HttpResponse(text, content_type=f"{_MEDIA_TYPES[query.format]}; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{dataset.name}-v{found.version}.{query.format}"'
     return response
+
+
+@router.get("/datasets/{name}/versions/{int:version}/items", auth=READ, response={200: DatasetItemPageOut, **ERRORS})
+def dataset_version_items_api(
+    request: HttpRequest, response: HttpResponse, name: str, version: int, query: Query[DatasetItemsQuery]
+) -> Any:
+    """A page of the version's items in their order, as stored. `next_cursor` (also in the `X-Next-Cursor`
+    header and a `Link` header, rel="next") continues it; it is null on the last page."""
+    found = selectors.dataset_version_get(dataset=_dataset(request, name), version=version)
+    page = selectors.dataset_item_page(version=found, limit=query.limit, cursor=query.cursor)
+    if page.next_cursor:
+        following = request.GET.copy()
+        following["cursor"] = page.next_cursor
+        response["X-Next-Cursor"] = page.next_cursor
+        response["Link"] = f'<{request.path}?{following.urlencode()}>; rel="next"'
+    return {
+        "items": [
+            {
+                "key": item.key,
+                "position": item.position,
+                "task": item.task,
+                "input_messages": item.input_messages,
+                "reference_output": item.reference_output,
+                "expected_tool_calls": item.expected_tool_calls,
+                "expected_state": item.expected_state,
+                "metadata": item.metadata,
+                "source_trace_id": item.source_trace_id,
+            }
+            for item in page.items
+        ],
+        "next_cursor": page.next_cursor,
+    }

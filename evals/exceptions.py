@@ -25,6 +25,12 @@ class DatasetInvalid(ValidationFailed):
     code = "dataset_invalid"
 
 
+class DatasetItemPageInvalid(ValidationFailed):
+    """A page of a version's items asked for with a cursor this API did not give out."""
+
+    code = "invalid_query"
+
+
 class DatasetItemsInvalid(ValidationFailed):
     """Items that break the item shape; `errors` lists each one: [{"line", "field", "message"}]."""
 

@@ -2,17 +2,19 @@
 
 When a label that a suite targets moves to a new version (`production` by default), the suite runs on
 the new version, with the previous version's latest completed run as its baseline (or a fresh baseline
-run when there is none). Once both are done, each committed metric (an evaluator named like a metric of
-the agent's evaluation commitment; every evaluator when the agent has no commitment) is compared item
-by item. A metric is a regression when the new version is worse with confidence (the bootstrap interval
-of the mean delta lies below zero, or the sign-flip test gives p ≤ `SIGNIFICANCE`), or when it falls
-short of the commitment's target that the old version met.
+run when there is none; a failed run, every item of which errored, is never a baseline). Once both are
+done, each committed metric (an evaluator named like a metric of the agent's evaluation commitment; every
+evaluator when the agent has no commitment) is compared item by item. A metric is a regression when the
+new version is worse with confidence (the bootstrap interval of the mean delta lies below zero, or the
+sign-flip test gives p ≤ `SIGNIFICANCE`), or when it falls short of the commitment's target that the old
+version met. A new version whose run failed (every item errored) is a regression of its own.
 """
 
 from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -26,6 +28,8 @@ from evals.models import RegressionAlert, Run, RunStatus, RunTrigger, Suite, Sui
 logger = logging.getLogger("evals.regressions")
 
 SIGNIFICANCE = 0.05
+# The alert of a candidate run that failed; not an evaluator name (those have no '-'), so it meets no metric's.
+FAILED_METRIC = "run-failed"
 MOVES_LOOKBACK = timedelta(days=2)
 
 
@@ -119,15 +123,45 @@ def _meets(value: float | None, target: tuple[float, str] | None) -> bool | None
     return value <= goal if comparator == Comparator.AT_MOST.value else value >= goal
 
 
+def _alert(
+    candidate: Run, baseline: Run, metric: str, comparison: dict[str, Any], message: str
+) -> RegressionAlert | None:
+    assert candidate.suite is not None  # regression_check compares suite runs only
+    try:
+        with transaction.atomic():
+            alert = RegressionAlert.objects.create(
+                workspace_id=candidate.workspace_id,
+                agent=candidate.agent,
+                suite=candidate.suite,
+                baseline_run=baseline,
+                candidate_run=candidate,
+                metric=metric,
+                comparison=comparison,
+                message=message,
+            )
+    except IntegrityError:  # already raised for this run and metric
+        return None
+    logger.warning("eval regression: %s", message)
+    return alert
+
+
+def _version_of(run: Run) -> str:
+    return f"v{run.prompt_version.version}" if run.prompt_version else "?"
+
+
 def regression_check(*, candidate: Run) -> list[RegressionAlert]:
-    """Compare a completed run with its completed baseline; one alert per committed metric that got worse."""
+    """Compare a completed run with its completed baseline; one alert per committed metric that got worse.
+    A candidate that failed (every item errored) against a completed baseline is one alert, `run_failed`:
+    the new version answered nothing the suite could score, which no metric's delta would show. A failed
+    baseline measured nothing to compare with: no alert."""
     baseline = candidate.baseline
-    if (
-        candidate.suite is None
-        or baseline is None
-        or candidate.status != RunStatus.COMPLETED
-        or baseline.status != RunStatus.COMPLETED
-    ):
+    if candidate.suite is None or baseline is None or baseline.status != RunStatus.COMPLETED:
+        return []
+    if candidate.status == RunStatus.FAILED:
+        message = f"{_version_of(candidate)} failed where {_version_of(baseline)} completed: {candidate.error}"
+        alert = _alert(candidate, baseline, FAILED_METRIC, {}, message[:4000])
+        return [alert] if alert is not None else []
+    if candidate.status != RunStatus.COMPLETED:
         return []
     committed = _committed(candidate)
     comparison = runs.runs_compare(baseline=baseline, candidate=candidate, evaluators_named=list(committed))
@@ -149,33 +183,21 @@ def regression_check(*, candidate: Run) -> list[RegressionAlert]:
             f"v{baseline.prompt_version.version if baseline.prompt_version else '?'} "
             f"(Δ {delta:+.3f}, p = {p_value:.3f}; {why})"
         )
-        try:
-            with transaction.atomic():
-                alert = RegressionAlert.objects.create(
-                    workspace_id=candidate.workspace_id,
-                    agent=candidate.agent,
-                    suite=candidate.suite,
-                    baseline_run=baseline,
-                    candidate_run=candidate,
-                    metric=name,
-                    comparison=result,
-                    message=message,
-                )
-        except IntegrityError:  # already raised for this run and metric
-            continue
-        logger.warning("eval regression: %s", message)
-        alerts.append(alert)
+        alert = _alert(candidate, baseline, name, result, message)
+        if alert is not None:
+            alerts.append(alert)
     return alerts
 
 
 def run_completed(*, run_id: int) -> list[RegressionAlert]:
-    """After a run completes: check it against its baseline, and any run waiting on it as a baseline."""
+    """After a run finishes (completed or failed): check it against its baseline, and any run waiting on it
+    as a baseline."""
     run = Run.objects.select_related("baseline__prompt_version", "prompt_version", "agent", "suite").get(pk=run_id)
     if run.suite is None:
         return []
     alerts = regression_check(candidate=run)
-    for candidate in Run.objects.filter(baseline=run, status=RunStatus.COMPLETED).select_related(
-        "baseline__prompt_version", "prompt_version", "agent", "suite"
-    ):
+    for candidate in Run.objects.filter(
+        baseline=run, status__in=[RunStatus.COMPLETED, RunStatus.FAILED]
+    ).select_related("baseline__prompt_version", "prompt_version", "agent", "suite"):
         alerts.extend(regression_check(candidate=candidate))
     return alerts

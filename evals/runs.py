@@ -14,16 +14,19 @@ prompt version a label pointed to, the evaluators' versions (`Run.evaluators`). 
   after `OUTAGE_LIMIT` such failures in a row the run pauses with the reason shown, and the sweep resumes
   it after `PAUSE_SECONDS` (or someone resumes it by hand);
 - when no item is left the run is reported: per evaluator, mean, median, std, pass@k, majority@k,
-  bootstrap intervals, and the same per subgroup (the items' `metadata.tags`) with the worst group.
+  bootstrap intervals, and the same per subgroup (the items' `metadata.tags`) with the worst group;
+- a run every item of which errored is failed, its error naming the most common item error: it measured
+  nothing, so it is neither a point on a chart, nor a regression baseline, nor a candidate that passed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -31,7 +34,7 @@ from typing import Any
 
 import orjson
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, Count, F, IntegerField, Q, Value, When
+from django.db.models import Case, Count, F, IntegerField, Min, Q, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -565,8 +568,10 @@ def _item_finish(run: Run, item: RunItem, samples: Sequence[RunSample]) -> None:
             status=status, score=sum(values) / len(values) if values else None, error=error, claimed_at=None
         )
         if updated:
+            # `items_done` counts the items answered and scored, `items_errored` the others: finished is
+            # their sum (an errored item counted in both showed "26 of 13 items finished").
             Run.objects.filter(pk=run.pk).update(
-                items_done=F("items_done") + 1,
+                items_done=F("items_done") + (0 if errored else 1),
                 items_errored=F("items_errored") + (1 if errored else 0),
                 claimed_at=timezone.now(),
             )
@@ -589,7 +594,7 @@ def _item_execute(driver: _Driver, item: RunItem) -> None:
             RunItem.objects.filter(pk=item.pk).update(
                 status=RunItemStatus.ERRORED, error=f"{type(error).__name__}: {error}"[:4000], claimed_at=None
             )
-            Run.objects.filter(pk=run.pk).update(items_done=F("items_done") + 1, items_errored=F("items_errored") + 1)
+            Run.objects.filter(pk=run.pk).update(items_errored=F("items_errored") + 1)
         else:
             RunItem.objects.filter(pk=item.pk).update(status=RunItemStatus.PENDING, claimed_at=None)
         return
@@ -677,13 +682,71 @@ def _finish_maybe(run: Run) -> None:
             run_dispatch(run)
         return
     report = run_report(run=run)
+    errors = item_errors(run=run)
+    errored = sum(error.items for error in errors)
+    # A run none of whose items could be answered measured nothing: it failed, and says why, rather than
+    # completing with an empty report that a chart, a comparison or a regression check would read as a result.
+    failed = run.item_count > 0 and errored >= run.item_count
     finished = Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
-        status=RunStatus.COMPLETED, report=report, finished_at=timezone.now(), claimed_at=None
+        status=RunStatus.FAILED if failed else RunStatus.COMPLETED,
+        error=run_failure(item_count=run.item_count, errors=errors) if failed else "",
+        report=report,
+        finished_at=timezone.now(),
+        claimed_at=None,
     )
     if finished:
         from evals import regressions
 
         regressions.run_completed(run_id=run.pk)
+
+
+@dataclass(frozen=True)
+class ItemError:
+    """The errored items of a run that failed the same way: the error's kind (its code, or its text when
+    it has none), how many items, and the first such item's full error."""
+
+    kind: str
+    items: int
+    example: str
+    first_position: int
+
+
+_ERROR_KIND = re.compile(r"^([A-Za-z_][\w.]{0,63}): ")
+
+
+def _error_kind(text: str) -> str:
+    # "missing_variables: the prompt needs name" and "...needs name, city" are one kind of failure.
+    found = _ERROR_KIND.match(text)
+    return found.group(1) if found else (text or "unknown error")
+
+
+def item_errors(*, run: Run) -> list[ItemError]:
+    """The run's errored items grouped by kind, the most common first (ties: the kind met first in the
+    run). One query, grouped in the database by the exact text."""
+    grouped: dict[str, list[tuple[int, int, str]]] = {}
+    for text, count, first in (
+        RunItem.objects.filter(run=run, status=RunItemStatus.ERRORED)
+        .values("error")
+        .annotate(n=Count("pk"), first=Min("position"))
+        .order_by()
+        .values_list("error", "n", "first")
+    ):
+        grouped.setdefault(_error_kind(text), []).append((first, count, text))
+    errors = [
+        ItemError(kind, sum(count for _, count, _ in rows), min(rows)[2], min(rows)[0])
+        for kind, rows in grouped.items()
+    ]
+    return sorted(errors, key=lambda error: (-error.items, error.first_position))
+
+
+def run_failure(*, item_count: int, errors: Sequence[ItemError]) -> str:
+    """A failed run's error: that every item errored, and the most common error with its count."""
+    errored = sum(error.items for error in errors)
+    text = f"every item errored ({errored} of {item_count})"
+    if errors:
+        common = errors[0]
+        text += f"; the most common error ({common.items} item{'s' if common.items != 1 else ''}): {common.example}"
+    return text[:4000]
 
 
 def runs_sweep() -> list[int]:
@@ -710,21 +773,27 @@ def _tags(metadata: Any) -> dict[str, str]:
     return {str(key): str(value) for key, value in tags.items()}
 
 
-def item_results(*, run: Run, evaluator: str, by_key: bool = False) -> list[metrics.ItemResult]:
+def item_results(
+    *, run: Run, evaluator: str, by_key: bool = False, keys: Collection[str] | None = None
+) -> list[metrics.ItemResult]:
     """The run's items as `metrics` reads them, for one evaluator: each sample's score (None when the
     sample or its score errored) and whether it passed; the answer text for majority@k. Each item's id is
-    its position, or with `by_key` its key (its identity across dataset versions)."""
+    its position, or with `by_key` its key (its identity across dataset versions). Only the items `keys`
+    names, when given."""
+    score_rows = RunScore.objects.filter(sample__item__run=run, evaluator_name=evaluator)
+    sample_rows = RunSample.objects.filter(item__run=run)
+    item_rows = RunItem.objects.filter(run=run)
+    if keys is not None:
+        score_rows = score_rows.filter(sample__item__key__in=list(keys))
+        sample_rows = sample_rows.filter(item__key__in=list(keys))
+        item_rows = item_rows.filter(key__in=list(keys))
     scores = {
         sample_id: (score, passed)
-        for sample_id, score, passed in RunScore.objects.filter(
-            sample__item__run=run, evaluator_name=evaluator
-        ).values_list("sample_id", "score", "passed")
+        for sample_id, score, passed in score_rows.values_list("sample_id", "score", "passed")
     }
     samples_of: dict[int, list[metrics.Sample]] = {}
-    for sample_id, item_id, text, error in (
-        RunSample.objects.filter(item__run=run)
-        .order_by("item_id", "sample")
-        .values_list("pk", "item_id", "output_text", "error")
+    for sample_id, item_id, text, error in sample_rows.order_by("item_id", "sample").values_list(
+        "pk", "item_id", "output_text", "error"
     ):
         score, passed = scores.get(sample_id, (None, False))
         if error:
@@ -733,9 +802,7 @@ def item_results(*, run: Run, evaluator: str, by_key: bool = False) -> list[metr
         samples_of.setdefault(item_id, []).append(metrics.Sample(score, bool(passed), answer))
     return [
         metrics.ItemResult(key if by_key else str(position), tuple(samples_of.get(item_id, ())), _tags(metadata))
-        for item_id, position, key, metadata in RunItem.objects.filter(run=run).values_list(
-            "pk", "position", "key", "metadata"
-        )
+        for item_id, position, key, metadata in item_rows.values_list("pk", "position", "key", "metadata")
     ]
 
 
@@ -773,9 +840,9 @@ def run_progress(*, run: Run) -> dict[str, Any]:
     }
 
 
-def item_scores(*, run: Run, evaluator: str) -> dict[str, float | None]:
-    """Item key -> the item's score for one evaluator (None when errored)."""
-    return metrics.item_scores(item_results(run=run, evaluator=evaluator, by_key=True))
+def item_scores(*, run: Run, evaluator: str, keys: Collection[str] | None = None) -> dict[str, float | None]:
+    """Item key -> the item's score for one evaluator (None when errored); only the items `keys` names, when given."""
+    return metrics.item_scores(item_results(run=run, evaluator=evaluator, by_key=True, keys=keys))
 
 
 def item_positions(*, run: Run) -> dict[str, int]:
@@ -783,17 +850,60 @@ def item_positions(*, run: Run) -> dict[str, int]:
     return dict(RunItem.objects.filter(run=run).values_list("key", "position"))
 
 
-def runs_compare_items(*, baseline: Run, candidate: Run, evaluators_named: Iterable[str]) -> list[dict[str, Any]]:
-    """Every item of either run, matched on its key, in the candidate's order and then the items only the
-    baseline has, in its order: each side's position and, per evaluator, each side's score and the delta.
-    A side's position and scores are None where that run lacks the item."""
-    names = list(evaluators_named)
-    a_positions, b_positions = item_positions(run=baseline), item_positions(run=candidate)
-    a_scores = {name: item_scores(run=baseline, evaluator=name) for name in names}
-    b_scores = {name: item_scores(run=candidate, evaluator=name) for name in names}
-    keys = sorted(b_positions, key=b_positions.__getitem__) + sorted(
-        a_positions.keys() - b_positions.keys(), key=a_positions.__getitem__
+def item_input_text(*, task: str, input_messages: Any) -> str:
+    """What an item asks: its task, else its last user message."""
+    if task:
+        return task
+    for message in reversed(input_messages if isinstance(input_messages, list) else []):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            return content if isinstance(content, str) else str(content)
+    return ""
+
+
+def _compare_page_keys(baseline: Run, candidate: Run, offset: int, limit: int | None) -> list[str]:
+    """The keys of one page of the compared items: the candidate's items in its order, then the items only
+    the baseline has, in its order. Paged in the database, so a page of 50 reads 50 keys of each side."""
+    end = None if limit is None else offset + limit
+    candidate_items = RunItem.objects.filter(run=candidate).order_by("position").values_list("key", flat=True)
+    keys = list(candidate_items[offset:end])
+    if end is not None and len(keys) >= end - offset:
+        return keys
+    # The page runs past the candidate's items: it goes on with the baseline's that the candidate lacks.
+    skip = max(0, offset - RunItem.objects.filter(run=candidate).count())
+    rest = (
+        RunItem.objects.filter(run=baseline)
+        .exclude(key__in=RunItem.objects.filter(run=candidate).values("key"))
+        .order_by("position")
+        .values_list("key", flat=True)
     )
+    return keys + list(rest[skip : None if end is None else skip + (end - offset) - len(keys)])
+
+
+def runs_compare_items(
+    *, baseline: Run, candidate: Run, evaluators_named: Iterable[str], offset: int = 0, limit: int | None = None
+) -> list[dict[str, Any]]:
+    """The items of either run, matched on their key, in the candidate's order and then the items only the
+    baseline has, in its order (`offset`/`limit` take one page of them; the totals are `runs_compare`'s):
+    each side's position, what the item asks, and per evaluator each side's score and the delta. A side's
+    position and scores are None where that run lacks the item. The queries do not grow with the page:
+    the page's keys, their items, and three per run and evaluator."""
+    names = list(evaluators_named)
+    keys = _compare_page_keys(baseline, candidate, offset, limit)
+    positions: dict[int, dict[str, int]] = {baseline.pk: {}, candidate.pk: {}}
+    inputs: dict[str, str] = {}
+    for run_id, key, position, task, input_messages in (
+        RunItem.objects.filter(run__in=[baseline.pk, candidate.pk], key__in=keys)
+        .order_by("run_id")
+        .values_list("run_id", "key", "position", "task", "input_messages")
+    ):
+        positions[run_id][key] = position
+        # The candidate's wording wins: the baseline may hold an older version of an edited item.
+        if run_id == candidate.pk or key not in inputs:
+            inputs[key] = item_input_text(task=task, input_messages=input_messages)
+    a_positions, b_positions = positions[baseline.pk], positions[candidate.pk]
+    a_scores = {name: item_scores(run=baseline, evaluator=name, keys=keys) for name in names}
+    b_scores = {name: item_scores(run=candidate, evaluator=name, keys=keys) for name in names}
     rows = []
     for key in keys:
         in_a, in_b = key in a_positions, key in b_positions
@@ -807,6 +917,7 @@ def runs_compare_items(*, baseline: Run, candidate: Run, evaluators_named: Itera
                 "presence": "both" if in_a and in_b else ("baseline_only" if in_a else "candidate_only"),
                 "baseline_position": a_positions.get(key),
                 "candidate_position": b_positions.get(key),
+                "input_text": inputs.get(key, ""),
                 "scores": scores,
             }
         )
@@ -900,6 +1011,11 @@ def runs_compare(*, baseline: Run, candidate: Run, evaluators_named: Iterable[st
     return {
         "baseline": baseline.pk,
         "candidate": candidate.pk,
+        # A failed run (every item errored) has no scores: its side of every delta is missing, not zero.
+        "baseline_status": baseline.status,
+        "candidate_status": candidate.status,
+        "baseline_items_errored": baseline.items_errored,
+        "candidate_items_errored": candidate.items_errored,
         "same_dataset_version": same_items,
         "items_in_both": len(a_keys & b_keys),
         "items_only_in_baseline": len(a_keys - b_keys),

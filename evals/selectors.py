@@ -3,6 +3,8 @@ agents' datasets): datasets, their versions and items, and a version written out
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -64,6 +66,42 @@ def dataset_version_get(*, dataset: Dataset, version: int) -> DatasetVersion:
 
 def dataset_item_list(*, version: DatasetVersion) -> QuerySet[DatasetItem]:
     return version.items.order_by("position")
+
+
+@dataclass(frozen=True)
+class DatasetItemPage:
+    items: list[DatasetItem]
+    next_cursor: str | None
+
+
+def _item_cursor_encode(position: int) -> str:
+    return base64.urlsafe_b64encode(f"after:{position}".encode()).decode().rstrip("=")
+
+
+def _item_cursor_decode(cursor: str) -> int:
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        prefix, _, position = text.partition(":")
+        if prefix != "after" or not position.isascii() or not position.isdigit() or len(position) > 9:
+            raise ValueError(text)
+        return int(position)
+    except (ValueError, UnicodeDecodeError, binascii.Error):
+        raise exceptions.DatasetItemPageInvalid(
+            "the cursor is not one this API gave out", errors=[{"field": "cursor", "message": "unknown cursor"}]
+        ) from None
+
+
+def dataset_item_page(*, version: DatasetVersion, limit: int, cursor: str | None = None) -> DatasetItemPage:
+    """A page of the version's items in their order; `next_cursor` continues it (None on the last page).
+    Keyed on the position, so a page costs one query wherever it is in the version.
+    Raises DatasetItemPageInvalid for a cursor this never gave out."""
+    items = dataset_item_list(version=version)
+    if cursor:
+        items = items.filter(position__gt=_item_cursor_decode(cursor))
+    page = list(items[: limit + 1])
+    more = len(page) > limit
+    page = page[:limit]
+    return DatasetItemPage(page, _item_cursor_encode(page[-1].position) if more else None)
 
 
 def dataset_item_data(item: DatasetItem) -> dataset_items.ItemData:

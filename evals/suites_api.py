@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from django.http import HttpRequest, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from ninja import Field, Query, Router, Schema, Status
 
 from agent_registry import selectors as registry_selectors
@@ -180,8 +180,11 @@ class CompareQuery(Schema):
     candidate: int
     judge: str | None = Field(default=None, description="a pairwise judge evaluator to also compare the answers")
     items: bool = Field(
-        default=False, description="also list every item, matched on its key, with each run's score and the delta"
+        default=False,
+        description="also list a page of the items, matched on their key, with each run's score and the delta",
     )
+    offset: int = Field(default=0, ge=0, description="with items=true: the first item of the page")
+    limit: int = Field(default=100, ge=1, le=1000, description="with items=true: the items in the page")
 
 
 class ImportQuery(Schema):
@@ -671,16 +674,31 @@ def run_list_api(request: HttpRequest, query: Query[RunListQuery]) -> Any:
 
 
 @router.get("/runs/compare", auth=READ, response={200: dict[str, Any], **ERRORS})
-def run_compare_api(request: HttpRequest, query: Query[CompareQuery]) -> Any:
+def run_compare_api(request: HttpRequest, response: HttpResponse, query: Query[CompareQuery]) -> Any:
     """The candidate against the baseline on the items both ran, matched on each item's key (so runs over
     two dataset versions compare the same items): per evaluator, the mean delta with its bootstrap
-    interval and the paired sign-flip test's p-value, and how many items only one run has."""
+    interval and the paired sign-flip test's p-value, and how many items only one run has. With
+    `items=true`, one page of the items (`offset`, `limit`): `items_total` counts them all, and
+    `items_next_offset` (and a `Link` header, rel="next") gives the next page's offset while more follow."""
     baseline, candidate = _run(request, query.baseline), _run(request, query.candidate)
     comparison = runs.runs_compare(baseline=baseline, candidate=candidate)
     if query.items:
-        comparison["items"] = runs.runs_compare_items(
-            baseline=baseline, candidate=candidate, evaluators_named=list(comparison["metrics"])
+        total = sum(
+            comparison[count] for count in ("items_in_both", "items_only_in_baseline", "items_only_in_candidate")
         )
+        comparison["items"] = runs.runs_compare_items(
+            baseline=baseline,
+            candidate=candidate,
+            evaluators_named=list(comparison["metrics"]),
+            offset=query.offset,
+            limit=query.limit,
+        )
+        following = query.offset + query.limit if query.offset + query.limit < total else None
+        comparison |= {"items_total": total, "items_offset": query.offset, "items_next_offset": following}
+        if following is not None:
+            parameters = request.GET.copy()
+            parameters["offset"] = str(following)
+            response["Link"] = f'<{request.path}?{parameters.urlencode()}>; rel="next"'
     if query.judge:
         (judge,) = _evaluators(request, [query.judge])
         try:

@@ -45,6 +45,8 @@ from tracing.models import Trajectory
 RECENT_RUNS: Final = 10
 RUNS_SHOWN: Final = 100
 ITEMS_PER_PAGE: Final = 20
+COMPARE_ITEMS_PER_PAGE: Final = 50
+ITEM_ERROR_KINDS_SHOWN: Final = 3
 PASS_KS: Final = ("1", "4", "16")
 
 
@@ -432,13 +434,7 @@ def _int(raw: str | None, default: int) -> int:
 
 def _item_input(item: RunItem) -> str:
     """What the item asks: its task, else its last user message."""
-    if item.task:
-        return item.task
-    for message in reversed(item.input_messages or []):
-        if isinstance(message, dict) and message.get("role") == "user":
-            content = message.get("content")
-            return content if isinstance(content, str) else str(content)
-    return ""
+    return runs.item_input_text(task=item.task, input_messages=item.input_messages)
 
 
 @dataclass(frozen=True)
@@ -476,6 +472,8 @@ def eval_run_detail_view(request: HtmxHttpRequest, membership: Membership, run_i
             "pages": pages,
             "page_numbers": range(1, pages + 1),
             "alerts": _run_alerts(workspace, run),
+            # The kinds of item error, most common first (one query, only when some item errored).
+            "item_errors": runs.item_errors(run=run)[:ITEM_ERROR_KINDS_SHOWN] if run.items_errored else [],
             "compare_with": _previous_completed(workspace, run),
             "can_cancel": run.status in RUN_ACTIVE,
         },
@@ -542,14 +540,42 @@ class MetricComparison:
     items: list[ItemDelta]
 
 
-def _comparisons(baseline: Run, candidate: Run) -> tuple[dict[str, Any], list[MetricComparison]]:
+@dataclass(frozen=True)
+class ItemsPage:
+    """Which page of the compared items the page shows; the counts are over every item."""
+
+    number: int
+    pages: int
+    total: int
+    first: int  # 1-based, for "items 51-100 of 13,000"
+    last: int
+
+    @property
+    def previous(self) -> int | None:
+        return self.number - 1 if self.number > 1 else None
+
+    @property
+    def next(self) -> int | None:
+        return self.number + 1 if self.number < self.pages else None
+
+
+def _comparisons(
+    baseline: Run, candidate: Run, page_asked: int
+) -> tuple[dict[str, Any], list[MetricComparison], ItemsPage]:
+    """The comparison over every item, and one page of the items (`COMPARE_ITEMS_PER_PAGE`): a run of
+    100,000 items reads and renders 50 rows, whichever page."""
     result = runs.runs_compare(baseline=baseline, candidate=candidate)
-    inputs = {
-        item.key: _item_input(item)
-        for run in (baseline, candidate)
-        for item in selectors.run_items(run=run, limit=100_000)
-    }
-    rows = runs.runs_compare_items(baseline=baseline, candidate=candidate, evaluators_named=list(result["metrics"]))
+    total = result["items_in_both"] + result["items_only_in_baseline"] + result["items_only_in_candidate"]
+    pages = max(1, math.ceil(total / COMPARE_ITEMS_PER_PAGE))
+    number = min(max(1, page_asked), pages)
+    offset = (number - 1) * COMPARE_ITEMS_PER_PAGE
+    rows = runs.runs_compare_items(
+        baseline=baseline,
+        candidate=candidate,
+        evaluators_named=list(result["metrics"]),
+        offset=offset,
+        limit=COMPARE_ITEMS_PER_PAGE,
+    )
     metrics = [
         MetricComparison(
             name,
@@ -560,7 +586,7 @@ def _comparisons(baseline: Run, candidate: Run) -> tuple[dict[str, Any], list[Me
                     row["presence"],
                     row["baseline_position"],
                     row["candidate_position"],
-                    inputs.get(row["key"], ""),
+                    row["input_text"],
                     row["scores"][name]["baseline"],
                     row["scores"][name]["candidate"],
                 )
@@ -569,7 +595,8 @@ def _comparisons(baseline: Run, candidate: Run) -> tuple[dict[str, Any], list[Me
         )
         for name, comparison in result["metrics"].items()
     ]
-    return result, metrics
+    page = ItemsPage(number, pages, total, offset + 1 if rows else 0, offset + len(rows))
+    return result, metrics, page
 
 
 @workspace_view()
@@ -595,8 +622,9 @@ def eval_run_compare_view(request: HtmxHttpRequest, membership: Membership) -> H
     )
     result: dict[str, Any] | None = None
     metrics: list[MetricComparison] = []
+    items_page: ItemsPage | None = None
     if len(chosen) == 2 and form.is_valid():
-        result, metrics = _comparisons(chosen["a"], chosen["b"])
+        result, metrics, items_page = _comparisons(chosen["a"], chosen["b"], _int(request.GET.get("page"), 1))
     return _render(
         request,
         membership,
@@ -607,6 +635,10 @@ def eval_run_compare_view(request: HtmxHttpRequest, membership: Membership) -> H
             "run_b": chosen.get("b"),
             "result": result,
             "metrics": metrics,
+            "items_page": items_page,
+            "failed": [
+                run for run in (chosen.get("a"), chosen.get("b")) if run is not None and run.status == RunStatus.FAILED
+            ],
         },
     )
 

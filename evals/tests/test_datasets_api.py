@@ -208,6 +208,7 @@ NAMED = [
     ("POST", "/api/v1/datasets/{name}/upload?format=jsonl", b'{"task": "mine now"}\n'),
     ("POST", "/api/v1/datasets/{name}/from-trajectories", {"trace_ids": ["5b8efff798038103d269b633813fc60c"]}),
     ("GET", "/api/v1/datasets/{name}/versions/{version}/download", None),
+    ("GET", "/api/v1/datasets/{name}/versions/{version}/items", None),
 ]
 WORKSPACE_WIDE = [
     ("GET", "/api/v1/datasets"),  # test_another_workspace_lists_only_its_own_datasets

@@ -212,8 +212,11 @@ def test_a_request_the_gateway_refuses_errors_the_sample_and_is_not_scored(
     suite = _suite(gateway, samples=1, tier="chain")  # the agent has no chain steps: 409 for every request
     run = runs.run_execute(run_id=runs.run_create(suite=suite, dispatch=False).pk)
     assert run is not None
-    assert run.status == RunStatus.COMPLETED
-    assert run.items_errored == 4
+    # Every item errored, so the run measured nothing: it fails and says why, where it used to say
+    # "completed" with an empty report (evals/tests/test_run_failure.py has the rest of that rule).
+    assert run.status == RunStatus.FAILED
+    assert run.error.startswith("every item errored (4 of 4); the most common error (4 items): ")
+    assert (run.items_done, run.items_errored) == (0, 4)
     assert not RunScore.objects.filter(sample__item__run=run).exists()
     assert run.report["says_ok"]["overall"]["mean"] is None
 

@@ -311,6 +311,7 @@ API: dict[str, Api | Public] = {
         "POST", "/api/v1/datasets/<dataset>/from-trajectories", WRITE, 201, {"trace_ids": ["<trace>"]}
     ),
     "api:dataset_version_download_api": get("/api/v1/datasets/<dataset>/versions/1/download"),
+    "api:dataset_version_items_api": get("/api/v1/datasets/<dataset>/versions/1/items"),
     "api:evaluator_list_api": get("/api/v1/evaluators"),
     "api:evaluator_create_api": api(
         "POST", "/api/v1/evaluators", WRITE, 201, {"name": "matrix_eval", "config": {"type": "regex", "pattern": "ok"}}
