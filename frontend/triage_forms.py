@@ -12,7 +12,7 @@ from django import forms
 
 from agent_registry.models import Agent
 from tracing import alerts, sampling, signals, triage_config
-from tracing.models import AlertRule, AlertSeverity, ReviewStrategy, TriageSettings
+from tracing.models import AlertDirection, AlertRule, AlertSeverity, ReviewStrategy, TriageSettings
 
 # The phrase lists a person edits in the dashboard, in the order the docs list them.
 PHRASE_LISTS = tuple(name for name in triage_config.PHRASE_LIST_NAMES)
@@ -268,8 +268,15 @@ class ReviewDecisionForm(forms.Form):
 class AlertRuleForm(forms.Form):
     name = forms.CharField(max_length=200, help_text="e.g. Loop rate")
     signal = forms.ChoiceField(choices=list(alerts.ALERT_SIGNALS.items()))
+    direction = forms.ChoiceField(
+        label="Fire when the rate is",
+        choices=AlertDirection.choices,
+        required=False,  # a form posted without it keeps the rule's old meaning: above
+        initial=AlertDirection.ABOVE,
+        help_text="Above: a problem signal rising (loop, failure). Below: a good one dropping (satisfaction).",
+    )
     threshold_percent = forms.FloatField(
-        label="Threshold (%)", min_value=0, max_value=99.99, initial=2, help_text="Fire when the rate is above this."
+        label="Threshold (%)", min_value=0, max_value=100, initial=2, help_text="The rate it is compared with."
     )
     window_minutes = forms.IntegerField(label="Window (minutes)", min_value=1, initial=60)
     min_trajectories = forms.IntegerField(
@@ -303,6 +310,7 @@ class AlertRuleForm(forms.Form):
             initial={
                 "name": rule.name,
                 "signal": rule.signal,
+                "direction": rule.direction,
                 "threshold_percent": round(rule.threshold * 100, 4),
                 "window_minutes": rule.window_minutes,
                 "min_trajectories": rule.min_trajectories,
@@ -323,6 +331,7 @@ class AlertRuleForm(forms.Form):
             name=data["name"],
             signal=data["signal"],
             threshold=data["threshold_percent"] / 100,
+            direction=data.get("direction") or AlertDirection.ABOVE,
             window_minutes=data["window_minutes"],
             min_trajectories=data["min_trajectories"],
             severity=data["severity"],
@@ -331,6 +340,15 @@ class AlertRuleForm(forms.Form):
             email_to=addresses,
             webhook_url=data.get("webhook_url") or "",
         )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        percent, direction = data.get("threshold_percent"), data.get("direction") or AlertDirection.ABOVE
+        if percent is not None and direction == AlertDirection.ABOVE and percent >= 100:
+            self.add_error("threshold_percent", "Below 100%: no rate is above 100%.")
+        elif percent is not None and direction == AlertDirection.BELOW and percent <= 0:
+            self.add_error("threshold_percent", "Above 0%: no rate is below 0%.")
+        return data
 
     def add_service_errors(self, errors: Sequence[Mapping[str, str]]) -> None:
         names = {"threshold": "threshold_percent"}

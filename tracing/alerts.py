@@ -1,8 +1,9 @@
 """Alerts on signal rates: rules, their evaluation, and the delivery of what fired.
 
 A rule watches one agent: the share of its trajectories that started in the last `window_minutes`
-with a signal (or an error status), fired when above `threshold` with at least `min_trajectories` in
-the window, then quiet for `cooldown_minutes`. A beat task evaluates every enabled rule each minute.
+with a signal (or an error status), fired when above `threshold` (or, with `direction="below"`, under it:
+satisfaction dropping) with at least `min_trajectories` in the window, then quiet for `cooldown_minutes`.
+A beat task evaluates every enabled rule each minute.
 
 Several beat or worker processes may evaluate at once: a firing is claimed with a conditional UPDATE
 of the rule's `last_fired_at` (only where the cooldown has passed), in the transaction that writes the
@@ -11,7 +12,9 @@ trajectory list filtered by agent, signal and window shows exactly the trajector
 
 Each alert is on the dashboard at once; email and webhook deliveries are outbox rows (`AlertDelivery`)
 written with the alert, sent by a worker and retried with exponential backoff until they succeed or
-run out of attempts, the last error kept on the row. Webhooks are POSTs of JSON signed with
+run out of attempts, the last error kept on the row. A webhook goes only to an address the operator permits
+(tracing/outbound.py: public addresses by default), checked when the rule is saved and at each delivery;
+a refusal fails the delivery at once, with the reason as its error. Webhooks are POSTs of JSON signed with
 HMAC-SHA256 of `"{timestamp}.{body}"` under the rule's secret (stored encrypted):
 
     X-Keel-Timestamp: 1767225600
@@ -43,12 +46,13 @@ from django.utils import timezone
 from agent_registry import audit
 from agent_registry.models import Agent, ApiKey, AuditAction, User, Workspace
 from config import crypto, dispatch
-from tracing import exceptions, signals
+from tracing import exceptions, outbound, signals
 from tracing.models import (
     ERROR_STATUS_SIGNAL,
     Alert,
     AlertChannel,
     AlertDelivery,
+    AlertDirection,
     AlertRule,
     AlertSeverity,
     DeliveryStatus,
@@ -74,6 +78,10 @@ class DeliveryError(Exception):
     """The channel did not take the alert (SMTP error, network error, a non-2xx answer)."""
 
 
+class DeliveryRefused(DeliveryError):
+    """Keel will not send there (a webhook to a forbidden address): trying again cannot help."""
+
+
 # --- Rules ----------------------------------------------------------------------------------------------
 
 
@@ -82,6 +90,7 @@ class RuleFields:
     name: str
     signal: str
     threshold: float
+    direction: str = AlertDirection.ABOVE
     window_minutes: int = 60
     min_trajectories: int = 20
     severity: str = AlertSeverity.WARNING
@@ -97,8 +106,14 @@ def _rule_problems(fields: RuleFields, has_secret: bool) -> list[dict[str, str]]
         problems.append({"field": "name", "message": "1 to 200 characters"})
     if fields.signal not in ALERT_SIGNALS:
         problems.append({"field": "signal", "message": f"one of {', '.join(ALERT_SIGNALS)}"})
-    if not 0 <= fields.threshold < 1:
-        problems.append({"field": "threshold", "message": "a share from 0 up to (not including) 1, e.g. 0.02"})
+    if fields.direction not in AlertDirection.values:
+        problems.append({"field": "direction", "message": f"one of {', '.join(AlertDirection.values)}"})
+    elif fields.direction == AlertDirection.BELOW and not 0 < fields.threshold <= 1:
+        problems.append({"field": "threshold", "message": "a share above 0 up to 1, e.g. 0.6: no rate is below 0"})
+    elif fields.direction == AlertDirection.ABOVE and not 0 <= fields.threshold < 1:
+        problems.append(
+            {"field": "threshold", "message": "a share from 0 up to (not including) 1, e.g. 0.02: no rate is above 1"}
+        )
     for name, value, low, high in (
         ("window_minutes", fields.window_minutes, 1, 60 * 24 * 31),
         ("min_trajectories", fields.min_trajectories, 1, 1_000_000),
@@ -119,6 +134,10 @@ def _rule_problems(fields: RuleFields, has_secret: bool) -> list[dict[str, str]]
             URLValidator(schemes=["http", "https"])(fields.webhook_url)
         except DjangoValidationError:
             problems.append({"field": "webhook_url", "message": "an http(s) URL"})
+        else:
+            refusal = outbound.OutboundPolicy.from_settings().url_refusal(fields.webhook_url.strip())
+            if refusal is not None:
+                problems.append({"field": "webhook_url", "message": refusal})
         if not has_secret:
             problems.append({"field": "webhook_secret", "message": "a webhook needs a secret to sign with"})
     return problems
@@ -135,6 +154,7 @@ def _apply(rule: AlertRule, fields: RuleFields) -> None:
     rule.name = fields.name.strip()
     rule.signal = fields.signal
     rule.threshold = fields.threshold
+    rule.direction = fields.direction
     rule.window_minutes = fields.window_minutes
     rule.min_trajectories = fields.min_trajectories
     rule.severity = fields.severity
@@ -166,7 +186,12 @@ def alert_rule_create(
         api_key=created_via_key,
         target=rule,
         target_name=rule.name,
-        details={"agent": agent.slug, "signal": rule.signal, "webhook_url": rule.webhook_url},
+        details={
+            "agent": agent.slug,
+            "signal": rule.signal,
+            "direction": rule.direction,
+            "webhook_url": rule.webhook_url,
+        },
     )
     return rule
 
@@ -259,7 +284,18 @@ def alert_rule_observe(*, rule: AlertRule, now: datetime | None = None) -> Obser
 
 
 def alert_rule_fires(rule: AlertRule, observation: Observation) -> bool:
-    return observation.trajectory_count >= rule.min_trajectories and observation.rate > rule.threshold
+    if observation.trajectory_count < rule.min_trajectories:
+        return False
+    if rule.direction == AlertDirection.BELOW:
+        return observation.rate < rule.threshold
+    return observation.rate > rule.threshold
+
+
+def _behind(rule: AlertRule) -> Q:
+    """The trajectories behind a firing: those with the signal when its rate rose, those without it when
+    it dropped (the conversations that did not end satisfied)."""
+    matching = _matching(rule.signal)
+    return ~matching if rule.direction == AlertDirection.BELOW else matching
 
 
 def _fire(rule: AlertRule, observation: Observation, now: datetime) -> Alert | None:
@@ -277,7 +313,7 @@ def _fire(rule: AlertRule, observation: Observation, now: datetime) -> Alert | N
             return None
         trace_ids = list(
             _watched(rule, observation.window_start, observation.window_end)
-            .filter(_matching(rule.signal))
+            .filter(_behind(rule))
             .order_by("-started_at", "-pk")
             .values_list("trace_id", flat=True)[:TRACE_IDS_KEPT]
         )
@@ -288,6 +324,7 @@ def _fire(rule: AlertRule, observation: Observation, now: datetime) -> Alert | N
             signal=rule.signal,
             severity=rule.severity,
             threshold=rule.threshold,
+            direction=rule.direction,
             fired_at=now,
             window_start=observation.window_start,
             window_end=observation.window_end,
@@ -358,12 +395,16 @@ def alert_acknowledge(*, alert: Alert, user: User | None = None, api_key: ApiKey
 
 def alert_trajectories_query(alert: Alert) -> dict[str, str]:
     """The trajectory list's query for the trajectories behind an alert: its agent's list, filtered by
-    the signal (or the error status) and the alert's window (whole minutes, as the list reads them)."""
+    the signal (or the error status) and the alert's window (whole minutes, as the list reads them).
+    A rate that dropped is about the trajectories *without* the signal, which the list cannot filter
+    for: the query is then the whole window, the trajectories the rate was taken over."""
     query = {
         "period": "custom",
         "started_after": alert.window_start.strftime("%Y-%m-%dT%H:%M"),
         "started_before": alert.window_end.strftime("%Y-%m-%dT%H:%M"),
     }
+    if alert.direction == AlertDirection.BELOW:
+        return query
     if alert.signal == ERROR_STATUS_SIGNAL:
         query["status"] = "error"
     else:
@@ -390,6 +431,7 @@ def alert_payload(alert: Alert) -> dict[str, Any]:
             "signal": alert.signal,
             "severity": alert.severity,
             "threshold": alert.threshold,
+            "direction": alert.direction,
             "observed_rate": round(alert.observed_rate, 6),
             "matching_count": alert.matching_count,
             "trajectory_count": alert.trajectory_count,
@@ -426,10 +468,20 @@ def _send_webhook(delivery: AlertDelivery) -> None:
         "X-Keel-Timestamp": timestamp,
         "X-Keel-Signature": webhook_signature(crypto.decrypt(rule.webhook_secret_encrypted), timestamp, body),
     }
+    # Redirects are not followed: the receiver is the URL the rule names (a moved receiver is a rule to
+    # edit), and a redirect cannot lead the worker anywhere else.
     try:
-        answer = httpx.post(rule.webhook_url, content=body, headers=headers, timeout=WEBHOOK_TIMEOUT_SECONDS)
+        with outbound.checked_client(timeout=WEBHOOK_TIMEOUT_SECONDS, follow_redirects=False) as client:
+            answer = client.post(rule.webhook_url, content=body, headers=headers)
+    except outbound.HostUnresolved as error:
+        raise DeliveryError(str(error)[:500]) from error
+    except outbound.AddressRefused as error:
+        raise DeliveryRefused(f"refused: {str(error)[:500]}") from error
     except httpx.HTTPError as error:
         raise DeliveryError(f"{type(error).__name__}: {str(error)[:300]}") from error
+    if answer.is_redirect:
+        location = answer.headers.get("location", "")[:300]
+        raise DeliveryError(f"HTTP {answer.status_code}: redirects to {location!r}, which Keel does not follow")
     if not answer.is_success:
         raise DeliveryError(f"HTTP {answer.status_code}: {answer.text[:300]}")
 
@@ -441,15 +493,16 @@ def _send_email(delivery: AlertDelivery) -> None:
         raise DeliveryError("the rule has no email recipients any more")
     payload = alert_payload(alert)["alert"]
     what = ALERT_SIGNALS.get(alert.signal, alert.signal)
+    side = alert.get_direction_display().lower()
     subject = (
         f"[Keel {alert.get_severity_display()}] {alert.agent.name}: {what} at {alert.observed_rate:.1%}"
-        f" (threshold {alert.threshold:.1%})"
+        f" ({side} threshold {alert.threshold:.1%})"
     )
     body = (
         f"{alert.rule.name}\n\n"
         f"{alert.matching_count} of {alert.trajectory_count} trajectories of {alert.agent.name} "
         f"({alert.observed_rate:.1%}) from {alert.window_start:%Y-%m-%d %H:%M} to {alert.window_end:%H:%M} UTC "
-        f"match {what.lower()}; the rule fires above {alert.threshold:.1%}.\n\n"
+        f"match {what.lower()}; the rule fires {side} {alert.threshold:.1%}.\n\n"
         f"The trajectories: {payload['trajectories_url']}\nThe alert: {payload['url']}\n"
     )
     try:
@@ -489,7 +542,7 @@ def alert_delivery_deliver(*, delivery_id: int) -> bool:
             _send_email(delivery)
     except (DeliveryError, crypto.DecryptionFailed) as error:
         message = str(error)
-        failed = delivery.attempts >= MAX_ATTEMPTS
+        failed = delivery.attempts >= MAX_ATTEMPTS or isinstance(error, DeliveryRefused)
         AlertDelivery.objects.filter(pk=delivery.pk).update(
             status=DeliveryStatus.FAILED if failed else DeliveryStatus.PENDING,
             next_attempt_at=now + retry_delay(delivery.attempts),

@@ -25,7 +25,15 @@ ERRORS = error_responses()
 class AlertRuleIn(Schema):
     name: str = Field(min_length=1, max_length=200)
     signal: str = Field(description="a triage signal (loop, failure, ...) or error_status: any error status")
-    threshold: float = Field(ge=0, lt=1, description="fire when the share of trajectories is above this, e.g. 0.02")
+    threshold: float = Field(
+        ge=0,
+        le=1,
+        description="a share: fire when the rate is above it, e.g. 0.02 (from 0 up to, not including, 1), or with "
+        "direction below, under it, e.g. 0.6 (above 0 up to 1)",
+    )
+    direction: Literal["above", "below"] = Field(
+        "above", description="above: fire when the rate rises past the threshold; below: when it drops under it"
+    )
     window_minutes: int = Field(60, ge=1)
     min_trajectories: int = Field(20, ge=1, description="fewer trajectories in the window never fire")
     severity: Literal["info", "warning", "page"] = "warning"
@@ -48,6 +56,7 @@ class AlertRuleOut(Schema):
     name: str
     signal: str
     threshold: float
+    direction: str
     window_minutes: int
     min_trajectories: int
     severity: str
@@ -77,6 +86,7 @@ class AlertOut(Schema):
     signal: str
     severity: str
     threshold: float
+    direction: str
     observed_rate: float
     matching_count: int
     trajectory_count: int
@@ -100,6 +110,7 @@ def _fields(payload: AlertRuleIn) -> alerts.RuleFields:
         name=payload.name,
         signal=payload.signal,
         threshold=payload.threshold,
+        direction=payload.direction,
         window_minutes=payload.window_minutes,
         min_trajectories=payload.min_trajectories,
         severity=payload.severity,
@@ -117,6 +128,7 @@ def _rule_out(rule: AlertRule) -> dict[str, Any]:
         "name": rule.name,
         "signal": rule.signal,
         "threshold": rule.threshold,
+        "direction": rule.direction,
         "window_minutes": rule.window_minutes,
         "min_trajectories": rule.min_trajectories,
         "severity": rule.severity,
@@ -139,6 +151,7 @@ def _alert_out(alert: Alert) -> dict[str, Any]:
         "signal": alert.signal,
         "severity": alert.severity,
         "threshold": alert.threshold,
+        "direction": alert.direction,
         "observed_rate": alert.observed_rate,
         "matching_count": alert.matching_count,
         "trajectory_count": alert.trajectory_count,
@@ -172,7 +185,9 @@ def alert_rule_list_api(request: HttpRequest, agent: str | None = None) -> Any:
 
 @router.post("/alert-rules", auth=WRITE, response={201: AlertRuleOut, **ERRORS})
 def alert_rule_create_api(request: HttpRequest, payload: AlertRuleCreateIn) -> Any:
-    """Add an alert rule to an agent: e.g. loop rate above 2% over the last hour, at least 20 trajectories."""
+    """Add an alert rule to an agent: e.g. loop rate above 2% over the last hour, at least 20 trajectories, or
+    satisfaction rate below 60% (`direction: below`). A webhook must go to an address the operator permits
+    (public ones by default); otherwise 422 naming `webhook_url`."""
     agent = registry_selectors.agent_get(
         workspace=request_workspace(request), slug=payload.agent, agent_ids=request_agent_ids(request)
     )

@@ -6,6 +6,10 @@ stored, and nothing stored is forgotten). A worker delivers each row through the
 client: spans to Langfuse's OTLP endpoint with `langfuse.*` attributes, scores to its scores API.
 A failed delivery is retried with exponential backoff; the mirror shows the last success and the last
 error, and a row that keeps failing ends `failed` with its error, visible and re-sendable.
+
+The host is chosen by the workspace's owner, so it goes only where alert webhooks may
+(tracing/outbound.py: public addresses unless the operator permits more; a Langfuse on Keel's own network
+needs `KEEL_OUTBOUND_ALLOWED_HOSTS`), checked when configured and on every connection, redirects included.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import functools
 import logging
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from django.conf import settings
@@ -27,9 +31,12 @@ from agent_registry.models import ApiKey, AuditAction, User, Workspace
 from config import crypto, dispatch
 from config.config_cache import NotifiedCache
 from config.redact import basic_credential, redact
-from tracing import exceptions, otlp
+from tracing import exceptions, otlp, outbound
 from tracing.langfuse_encode import EncodedResource, encode_spans, encoded_from_json, encoded_to_json
 from tracing.models import ExportKind, ExportStatus, LangfuseExport, LangfuseMirror, Score, ScoreDataType
+
+if TYPE_CHECKING:
+    import httpx
 
 logger = logging.getLogger("tracing.langfuse_bridge")
 
@@ -62,6 +69,10 @@ def langfuse_mirror_configure(
     problems = []
     if not host.startswith(("http://", "https://")):
         problems.append({"field": "host", "message": "must be an http(s) URL"})
+    else:
+        refusal = outbound.OutboundPolicy.from_settings().url_refusal(host)
+        if refusal is not None:
+            problems.append({"field": "host", "message": refusal})
     if not public_key.strip():
         problems.append({"field": "public_key", "message": "required"})
     existing = LangfuseMirror.objects.filter(workspace=workspace).first()
@@ -161,7 +172,7 @@ def langfuse_export_score(*, score: Score) -> LangfuseExport | None:
 # --- Delivery ----------------------------------------------------------------------------------------
 
 
-def _client(mirror: LangfuseMirror) -> Any:
+def _client(mirror: LangfuseMirror, http: httpx.Client) -> Any:
     from langfuse.api import LangfuseAPI
 
     return LangfuseAPI(
@@ -173,7 +184,7 @@ def _client(mirror: LangfuseMirror) -> Any:
         x_langfuse_sdk_version=settings.KEEL_VERSION,
         # Langfuse's real-time write path for direct OTLP exporters.
         headers={"x-langfuse-ingestion-version": "4"},
-        timeout=settings.KEEL_LANGFUSE_TIMEOUT_SECONDS,
+        httpx_client=http,
     )
 
 
@@ -254,8 +265,10 @@ def _deliver(mirror: LangfuseMirror, export: LangfuseExport) -> None:
     import pydantic
     from langfuse.api.core.api_error import ApiError
 
-    client = _client(mirror)
+    # Every connection, a redirect's too, goes to an address the outbound policy checked.
+    http = outbound.checked_client(timeout=settings.KEEL_LANGFUSE_TIMEOUT_SECONDS, follow_redirects=True)
     try:
+        client = _client(mirror, http)
         if export.kind == ExportKind.SPANS:
             resources = encoded_from_json(orjson.loads(export.payload))
             answer = client.opentelemetry.export_traces(
@@ -270,6 +283,10 @@ def _deliver(mirror: LangfuseMirror, export: LangfuseExport) -> None:
             errors = getattr(answer, "errors", None) or getattr(getattr(answer, "results", None), "errors", None)
             if errors:
                 raise DeliveryError(f"Langfuse rejected the score: {errors}")
+    except outbound.HostUnresolved as error:
+        raise DeliveryError(str(error)[:500]) from error
+    except outbound.AddressRefused as error:
+        raise DeliveryError(f"refused: {str(error)[:500]}") from error
     except (ApiError, httpx.HTTPError, pydantic.ValidationError, ValueError) as error:
         # HTTP errors, network errors and answers the SDK cannot read: recorded on the row and retried.
         # The row's error is shown in the API and the dashboard: a server that quotes the credentials it
@@ -277,6 +294,8 @@ def _deliver(mirror: LangfuseMirror, export: LangfuseExport) -> None:
         secret = crypto.decrypt(mirror.secret_key_encrypted)
         text = redact(str(error), secret, basic_credential(mirror.public_key, secret))
         raise DeliveryError(f"{type(error).__name__}: {text[:500]}") from error
+    finally:
+        http.close()
 
 
 def _claim(export_id: int) -> LangfuseExport | None:

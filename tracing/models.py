@@ -603,6 +603,14 @@ class AlertSeverity(models.TextChoices):
 ERROR_STATUS_SIGNAL = "error_status"
 
 
+class AlertDirection(models.TextChoices):
+    """Which side of the threshold fires: a problem signal rising above it, or a good one (satisfaction)
+    dropping below it."""
+
+    ABOVE = "above", "Above"
+    BELOW = "below", "Below"
+
+
 class AlertRule(models.Model):
     """Fire when the share of an agent's trajectories with a signal (or an error status) passes a
     threshold over a window, with at least `min_trajectories` in it; then stay quiet for the cooldown.
@@ -615,7 +623,9 @@ class AlertRule(models.Model):
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="alert_rules")
     name = models.CharField(max_length=200)
     signal = models.CharField(max_length=40)  # a tracing.signals name, or ERROR_STATUS_SIGNAL
-    threshold = models.FloatField()  # a share in [0, 1): fire when the rate is above it
+    # A share: fire when the rate is above it ([0, 1)) or, for `below`, under it ((0, 1]).
+    threshold = models.FloatField()
+    direction = models.CharField(max_length=5, choices=AlertDirection.choices, default=AlertDirection.ABOVE)
     window_minutes = models.PositiveIntegerField(default=60)
     min_trajectories = models.PositiveIntegerField(default=20)
     severity = models.CharField(max_length=8, choices=AlertSeverity.choices, default=AlertSeverity.WARNING)
@@ -632,8 +642,12 @@ class AlertRule(models.Model):
     class Meta:
         constraints: ClassVar = [
             models.CheckConstraint(condition=Q(severity__in=AlertSeverity.values), name="alert_rule_severity_valid"),
+            models.CheckConstraint(condition=Q(direction__in=AlertDirection.values), name="alert_rule_direction_valid"),
+            # A threshold either side can be crossed: above 100% or below 0% never fires.
             models.CheckConstraint(
-                condition=Q(threshold__gte=0) & Q(threshold__lt=1), name="alert_rule_threshold_share"
+                condition=(Q(direction=AlertDirection.ABOVE) & Q(threshold__gte=0) & Q(threshold__lt=1))
+                | (Q(direction=AlertDirection.BELOW) & Q(threshold__gt=0) & Q(threshold__lte=1)),
+                name="alert_rule_threshold_share",
             ),
             models.CheckConstraint(condition=Q(window_minutes__gte=1), name="alert_rule_window_positive"),
             models.CheckConstraint(condition=Q(cooldown_minutes__gte=1), name="alert_rule_cooldown_positive"),
@@ -646,7 +660,8 @@ class AlertRule(models.Model):
         indexes: ClassVar = [models.Index(fields=["enabled"], name="alert_rule_enabled")]
 
     def __str__(self) -> str:
-        return f"{self.name} ({self.signal} > {self.threshold:.1%} over {self.window_minutes} min)"
+        sign = "<" if self.direction == AlertDirection.BELOW else ">"
+        return f"{self.name} ({self.signal} {sign} {self.threshold:.1%} over {self.window_minutes} min)"
 
 
 class Alert(models.Model):
@@ -658,6 +673,7 @@ class Alert(models.Model):
     signal = models.CharField(max_length=40)
     severity = models.CharField(max_length=8, choices=AlertSeverity.choices)
     threshold = models.FloatField()
+    direction = models.CharField(max_length=5, choices=AlertDirection.choices, default=AlertDirection.ABOVE)
     fired_at = models.DateTimeField()
     window_start = models.DateTimeField()
     window_end = models.DateTimeField()
@@ -673,6 +689,7 @@ class Alert(models.Model):
     class Meta:
         constraints: ClassVar = [
             models.CheckConstraint(condition=Q(severity__in=AlertSeverity.values), name="alert_severity_valid"),
+            models.CheckConstraint(condition=Q(direction__in=AlertDirection.values), name="alert_direction_valid"),
         ]
         indexes: ClassVar = [
             models.Index(fields=["workspace", "-fired_at"], name="alert_recent"),

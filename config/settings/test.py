@@ -20,6 +20,10 @@ MIDDLEWARE = [entry for entry in MIDDLEWARE if entry != "whitenoise.middleware.W
 DATABASES["default"]["CONN_MAX_AGE"] = 0
 # Alert emails land in django.core.mail.outbox.
 EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+# No DNS at test time: outbound hosts (alert webhooks, the Langfuse mirror) resolve through a fake that knows
+# only the names a test gives it (tracing/tests/fake_dns.py). Private addresses stay refused: a test that
+# delivers to 127.0.0.1 permits it itself (KEEL_OUTBOUND_ALLOW_PRIVATE).
+KEEL_OUTBOUND_RESOLVER = "tracing.tests.fake_dns.resolve"
 # Rate limits are off in tests; tests/security/test_rate_limits.py switches them on.
 KEEL_RATE_LIMIT_ENABLED = False
 # Each test runs in a transaction that the write-behind thread's own connection cannot see, so the gateway

@@ -317,3 +317,53 @@ def test_the_signals_page_charts_each_signal_per_prompt_version(tenant, member_c
     content = response.content.decode()
     assert "uplot/uPlot.iife.min.js" in content
     assert 'id="signal-chart-data"' in content
+
+
+RULE_FORM = {
+    "name": "Satisfaction rate",
+    "signal": "satisfaction",
+    "direction": "below",
+    "threshold_percent": "60",
+    "window_minutes": "60",
+    "min_trajectories": "10",
+    "severity": "warning",
+    "cooldown_minutes": "30",
+    "enabled": "on",
+}
+
+
+def test_a_rule_that_fires_when_satisfaction_drops_in_the_dashboard(tenant, member_client):
+    url = f"/w/{tenant.workspace.slug}/agents/{tenant.agent.slug}/alert-rules/"
+
+    response = member_client.post(url, RULE_FORM)
+
+    assert response.status_code == 302
+    rule = AlertRule.objects.get(name="Satisfaction rate")
+    assert (rule.direction, rule.threshold) == ("below", 0.6)
+    page = member_client.get(url).content.decode()
+    assert "Satisfaction &lt; 60.0% over 60 min" in page
+    edit = member_client.get(f"{url}{rule.pk}/")
+    assert edit.context["form"].initial["direction"] == "below"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"direction": "above", "threshold_percent": "100"}, "Below 100%: no rate is above 100%."),
+        ({"direction": "below", "threshold_percent": "0"}, "Above 0%: no rate is below 0%."),
+        (
+            {"webhook_url": "http://10.0.0.5/hook", "webhook_secret": "whsec"},
+            "10.0.0.5 is private: Keel sends only to public addresses",
+        ),
+    ],
+)
+def test_a_rule_that_cannot_fire_or_a_webhook_to_an_internal_address_is_refused(tenant, member_client, change, message):
+    before = db_state()
+
+    response = member_client.post(
+        f"/w/{tenant.workspace.slug}/agents/{tenant.agent.slug}/alert-rules/", {**RULE_FORM, **change}
+    )
+
+    assert response.status_code == 422
+    assert message in response.content.decode()
+    assert db_state() == before

@@ -151,3 +151,15 @@ def recorded(workspace: Any) -> Any:
     from tracing.tests.replay_fakes import refund_recorded
 
     return refund_recorded(workspace)
+
+
+@pytest.fixture
+def fake_dns() -> Iterator[dict[str, list[str]]]:
+    """The test resolver's names (tracing/tests/fake_dns.py): add `name: [addresses]`; emptied afterwards."""
+    from tracing.tests import fake_dns as resolver
+
+    resolver.HOSTS.clear()
+    resolver.ASKED.clear()
+    yield resolver.HOSTS
+    resolver.HOSTS.clear()
+    resolver.ASKED.clear()

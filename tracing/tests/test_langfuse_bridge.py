@@ -29,6 +29,7 @@ class RecordingLangfuse:
     def __init__(self) -> None:
         self.requests: list[dict[str, object]] = []
         self.status = 200
+        self.redirect_to = ""  # when set, every request is answered 307 to this URL plus its path
         recorder = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -36,6 +37,12 @@ class RecordingLangfuse:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length)
                 recorder.requests.append({"path": self.path, "headers": dict(self.headers), "body": json.loads(body)})
+                if recorder.redirect_to:
+                    self.send_response(307)
+                    self.send_header("Location", recorder.redirect_to + self.path)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 answer = b"{}" if self.path.endswith("/traces") else b'{"message": "Accepted"}'
                 code = recorder.status if recorder.status != 200 or self.path.endswith("/traces") else 202
                 self.send_response(code)
@@ -56,7 +63,9 @@ class RecordingLangfuse:
 
 
 @pytest.fixture
-def langfuse() -> Iterator[RecordingLangfuse]:
+def langfuse(settings) -> Iterator[RecordingLangfuse]:
+    # The recording Langfuse listens on 127.0.0.1, which Keel refuses unless the operator permits it.
+    settings.KEEL_OUTBOUND_ALLOW_PRIVATE = True
     server = RecordingLangfuse()
     server.thread.start()
     yield server
@@ -282,3 +291,68 @@ def test_the_api_shows_pending_and_failed_deliveries(otel, workspace, mirrored, 
 
     assert (status["pending"], status["failed"], status["delivered_spans"]) == (1, 0, 0)
     assert "503" in status["last_error"]
+
+
+@pytest.mark.parametrize(
+    ("host", "message"),
+    [
+        ("http://127.0.0.1:3000", "127.0.0.1 is loopback"),
+        ("http://169.254.169.254", "169.254.169.254 is a cloud metadata address"),
+        ("http://[fd00::5]:3000", "fd00::5 is private"),
+        ("http://langfuse.internal:3000", "langfuse.internal resolves to 10.0.0.9, which is private"),
+    ],
+)
+def test_a_host_on_an_internal_address_is_a_422_naming_the_field(workspace, api_client_for, fake_dns, host, message):
+    fake_dns["langfuse.internal"] = ["10.0.0.9"]
+
+    response = api_client_for(workspace).put(
+        "/api/v1/integrations/langfuse",
+        data={"host": host, "public_key": "pk-lf-1", "secret_key": "sk-lf-1"},
+        content_type="application/json",
+    )
+
+    assert response.status_code == 422, response.content
+    assert response.json()["code"] == "langfuse_settings_invalid"
+    ((error),) = response.json()["errors"]
+    assert error["field"] == "host"
+    assert error["message"].startswith(message)
+    assert not LangfuseMirror.objects.exists()
+
+
+def test_a_redirect_to_an_address_not_permitted_is_refused_at_delivery(otel, workspace, langfuse, fake_dns, settings):
+    # The operator permits the Langfuse host by name only; it redirects to Keel's own loopback address.
+    settings.KEEL_OUTBOUND_ALLOW_PRIVATE = False
+    settings.KEEL_OUTBOUND_ALLOWED_HOSTS = ["langfuse.internal"]
+    fake_dns["langfuse.internal"] = ["127.0.0.1"]
+    port = langfuse.server.server_address[1]
+    langfuse_bridge.langfuse_mirror_configure(
+        workspace=workspace, host=f"http://langfuse.internal:{port}", public_key="pk", secret_key="sk"
+    )
+    langfuse.redirect_to = f"http://127.0.0.1:{port}/elsewhere"
+    _ingest(otel, workspace)
+
+    assert _deliver_all() == [False]
+
+    export = LangfuseExport.objects.get()
+    assert export.status == ExportStatus.PENDING
+    assert export.last_error.startswith("refused: 127.0.0.1 is loopback: Keel sends only to public addresses")
+    assert LangfuseMirror.objects.get(workspace=workspace).last_error == export.last_error
+    assert langfuse.paths() == ["/api/public/otel/v1/traces"]  # the first hop only, never the redirect's
+
+
+def test_a_permitted_name_is_connected_to_at_the_address_checked(otel, workspace, langfuse, fake_dns, settings):
+    settings.KEEL_OUTBOUND_ALLOW_PRIVATE = False
+    settings.KEEL_OUTBOUND_ALLOWED_HOSTS = ["langfuse.internal"]
+    fake_dns["langfuse.internal"] = ["127.0.0.1"]
+    port = langfuse.server.server_address[1]
+    langfuse_bridge.langfuse_mirror_configure(
+        workspace=workspace, host=f"http://langfuse.internal:{port}", public_key="pk", secret_key="sk"
+    )
+    _ingest(otel, workspace)
+
+    assert _deliver_all() == [True]
+
+    (request,) = langfuse.requests
+    headers = request["headers"]
+    assert isinstance(headers, dict)
+    assert headers["Host"] == f"langfuse.internal:{port}"

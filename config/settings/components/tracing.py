@@ -1,6 +1,6 @@
 """Tracing: ingest limits, back-pressure and the batch lease."""
 
-from config.settings.env import env_int
+from config.settings.env import env_bool, env_int, env_list, env_str
 
 # Largest decompressed OTLP body; a gzip bomb stops here with 413.
 KEEL_MAX_DECOMPRESSED_BYTES = env_int("KEEL_MAX_DECOMPRESSED_BYTES", 64 * 1024 * 1024)
@@ -29,3 +29,12 @@ KEEL_INGEST_REQUEUE_AFTER_SECONDS = env_int("KEEL_INGEST_REQUEUE_AFTER_SECONDS",
 KEEL_INGEST_MAX_ATTEMPTS = env_int("KEEL_INGEST_MAX_ATTEMPTS", 5)
 # Seconds Keel waits for Langfuse on each mirror delivery.
 KEEL_LANGFUSE_TIMEOUT_SECONDS = env_int("KEEL_LANGFUSE_TIMEOUT_SECONDS", 10)
+# Where alert webhooks and the Langfuse mirror may send (tracing/outbound.py). By default only to public
+# addresses: a workspace member chooses the URL, and the worker must not reach Keel's own network for them
+# (loopback, private, link-local, cloud metadata). ALLOW_PRIVATE permits every non-public address but the
+# metadata ones; ALLOWED_HOSTS permits named hosts, addresses and networks only (metadata included if named),
+# e.g. a self-hosted Langfuse: "langfuse.internal,10.2.0.0/16".
+KEEL_OUTBOUND_ALLOW_PRIVATE = env_bool("KEEL_OUTBOUND_ALLOW_PRIVATE", False)
+KEEL_OUTBOUND_ALLOWED_HOSTS = env_list("KEEL_OUTBOUND_ALLOWED_HOSTS", [])
+# How those hosts are resolved (a dotted path to `(host) -> [address, ...]`); the tests name a fake.
+KEEL_OUTBOUND_RESOLVER = env_str("KEEL_OUTBOUND_RESOLVER", "tracing.outbound.system_resolve")

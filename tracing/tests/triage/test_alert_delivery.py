@@ -22,6 +22,13 @@ from tracing.tests.factories import TrajectoryFactory, signal_instance
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def _private_receivers_permitted(settings):
+    """Every receiver here listens on 127.0.0.1, which Keel refuses unless the operator permits it
+    (test_webhook_addresses.py tests the refusal)."""
+    settings.KEEL_OUTBOUND_ALLOW_PRIVATE = True
+
+
 class Receiver:
     """A webhook receiver: records each request; answers the next status in `statuses` (then 200)."""
 
@@ -158,7 +165,7 @@ def test_an_email_goes_through_djangos_email_backend(workspace, mailoutbox):
 
     (message,) = mailoutbox
     assert sorted(message.to) == ["lead@example.com", "oncall@example.com"]
-    assert message.subject == "[Keel Warning] Ride support: Loop at 40.0% (threshold 10.0%)"
+    assert message.subject == "[Keel Warning] Ride support: Loop at 40.0% (above threshold 10.0%)"
     assert "4 of 10 trajectories" in message.body
     assert "signal=loop" in message.body
     delivery.refresh_from_db()

@@ -13,7 +13,7 @@ from django.utils import timezone
 from agent_registry.tests.factories import AgentFactory
 from config import crypto
 from tracing import alerts, exceptions, tasks
-from tracing.models import Alert, AlertDelivery, AlertRule
+from tracing.models import Alert, AlertDelivery, AlertRule, Trajectory
 from tracing.tests.factories import AlertRuleFactory, TrajectoryFactory, signal_instance
 
 NOW = timezone.now().replace(second=30, microsecond=0)
@@ -153,8 +153,9 @@ def test_concurrent_evaluators_fire_a_rule_once(workspace, agent):
 
 @pytest.mark.django_db
 def test_email_and_webhook_deliveries_are_queued_after_the_commit(
-    workspace, agent, django_capture_on_commit_callbacks, monkeypatch
+    workspace, agent, django_capture_on_commit_callbacks, monkeypatch, fake_dns
 ):
+    fake_dns["hooks.example.com"] = ["93.184.215.14"]
     _traffic(workspace, agent, total=20, looping=10)
     rule = alerts.alert_rule_create(
         agent=agent,
@@ -164,7 +165,7 @@ def test_email_and_webhook_deliveries_are_queued_after_the_commit(
             threshold=0.1,
             min_trajectories=5,
             email_to=["oncall@example.com"],
-            webhook_url="http://127.0.0.1:9/hook",
+            webhook_url="https://hooks.example.com/hook",
         ),
         webhook_secret="s3cret",
     )
@@ -239,3 +240,99 @@ def test_acknowledging_keeps_the_first_acknowledgement(workspace, agent):
     assert alert.acknowledged_by == first
     assert alert.acknowledged_at == acknowledged_at
     assert alerts.alert_unacknowledged_count(workspace=workspace) == 0
+
+
+def _satisfied(workspace, agent, total, satisfied):
+    for index in range(total):
+        TrajectoryFactory.create(
+            workspace=workspace,
+            agent=agent,
+            signals=[signal_instance("satisfaction")] if index < satisfied else [],
+            started_at=NOW - timedelta(minutes=10, seconds=index),
+        )
+
+
+@pytest.mark.django_db
+def test_a_below_rule_fires_when_satisfaction_drops_with_the_unsatisfied_trajectories_behind_it(
+    workspace, agent, mailoutbox
+):
+    _satisfied(workspace, agent, total=20, satisfied=5)
+    below = AlertRuleFactory.create(agent=agent, signal="satisfaction", direction="below", threshold=0.5)
+    above = AlertRuleFactory.create(agent=agent, name="Above", signal="satisfaction", threshold=0.5)
+
+    alert = alerts.alert_rule_evaluate(rule=below, now=NOW)
+
+    assert alerts.alert_rule_evaluate(rule=above, now=NOW) is None
+    assert alert is not None
+    assert (alert.direction, alert.matching_count, alert.trajectory_count, alert.observed_rate) == (
+        "below",
+        5,
+        20,
+        0.25,
+    )
+    unsatisfied = set(
+        Trajectory.objects.filter(agent=agent)
+        .exclude(signal_names__contains=["satisfaction"])
+        .values_list("trace_id", flat=True)
+    )
+    assert len(alert.trace_ids) == 15
+    assert set(alert.trace_ids) == unsatisfied
+    # The list cannot filter for "without a signal": the link is the whole window the rate was taken over.
+    assert "signal" not in alerts.alert_trajectories_query(alert)
+    assert alerts.alert_payload(alert)["alert"]["direction"] == "below"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("satisfied", "fires"), [(9, True), (10, False), (12, False)])
+def test_a_below_rule_fires_only_strictly_under_its_threshold(workspace, agent, satisfied, fires):
+    _satisfied(workspace, agent, total=20, satisfied=satisfied)
+    rule = AlertRuleFactory.create(agent=agent, signal="satisfaction", direction="below", threshold=0.5)
+
+    assert (alerts.alert_rule_evaluate(rule=rule, now=NOW) is not None) is fires
+
+
+@pytest.mark.django_db
+def test_a_below_rule_never_fires_on_too_few_trajectories(workspace, agent):
+    _satisfied(workspace, agent, total=3, satisfied=0)
+    rule = AlertRuleFactory.create(agent=agent, signal="satisfaction", direction="below", threshold=0.5)
+
+    assert alerts.alert_rule_evaluate(rule=rule, now=NOW) is None
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("direction", "threshold", "field"),
+    [
+        ("below", 0.0, "threshold"),
+        ("above", 1.0, "threshold"),
+        ("below", 1.2, "threshold"),
+        ("sideways", 0.5, "direction"),
+    ],
+)
+def test_a_threshold_that_cannot_be_crossed_is_refused(agent, direction, threshold, field):
+    with pytest.raises(exceptions.AlertRuleInvalid) as caught:
+        alerts.alert_rule_create(
+            agent=agent,
+            fields=alerts.RuleFields(name="Sat", signal="satisfaction", threshold=threshold, direction=direction),
+        )
+
+    assert [problem["field"] for problem in caught.value.extra["errors"]] == [field]
+    assert AlertRule.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_a_below_rule_may_watch_for_anything_short_of_everyone_satisfied(agent):
+    rule = alerts.alert_rule_create(
+        agent=agent, fields=alerts.RuleFields(name="Sat", signal="satisfaction", threshold=1.0, direction="below")
+    )
+
+    assert (rule.direction, rule.threshold) == ("below", 1.0)
+    assert str(rule) == "Sat (satisfaction < 100.0% over 60 min)"
+
+
+@pytest.mark.django_db
+def test_the_database_refuses_a_threshold_on_the_wrong_side(agent):
+    from django.db import IntegrityError, transaction
+
+    with pytest.raises(IntegrityError), transaction.atomic():
+        AlertRuleFactory.create(agent=agent, direction="below", threshold=0.0)

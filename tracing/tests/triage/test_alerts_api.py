@@ -122,3 +122,51 @@ def test_a_key_limited_to_another_agent_does_not_see_the_rules(workspace, agents
     assert limited.get(f"/api/v1/alert-rules/{rule.pk}").status_code == 404
     assert limited.post("/api/v1/alert-rules", RULE, content_type="application/json").status_code == 404
     assert _state() == before
+
+
+def test_a_rule_takes_a_direction_and_defaults_to_above(workspace, agents, api_client_for):
+    client = api_client_for(workspace)
+    body = {key: value for key, value in RULE.items() if key not in ("webhook_url", "webhook_secret")}
+
+    default = client.post("/api/v1/alert-rules", body, content_type="application/json")
+    below = client.post(
+        "/api/v1/alert-rules",
+        {**body, "name": "Satisfaction", "signal": "satisfaction", "direction": "below", "threshold": 0.6},
+        content_type="application/json",
+    )
+
+    assert (default.status_code, default.json()["direction"]) == (201, "above")
+    assert (below.status_code, below.json()["direction"], below.json()["threshold"]) == (201, "below", 0.6)
+    assert client.get(f"/api/v1/alert-rules/{below.json()['id']}").json()["direction"] == "below"
+    alert = AlertFactory.create(rule=AlertRule.objects.get(pk=below.json()["id"]), direction="below")
+    assert client.get(f"/api/v1/alerts/{alert.pk}").json()["direction"] == "below"
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"direction": "below", "threshold": 0}, "threshold"),
+        ({"direction": "above", "threshold": 1}, "threshold"),
+        ({"threshold": 1}, "threshold"),
+    ],
+)
+def test_a_threshold_that_cannot_be_crossed_is_a_422(workspace, agents, api_client_for, change, field):
+    response = api_client_for(workspace).post(
+        "/api/v1/alert-rules", {**RULE, "webhook_url": "", **change}, content_type="application/json"
+    )
+
+    assert response.status_code == 422, response.content
+    assert response.json()["code"] == "alert_rule_invalid"
+    assert [error["field"] for error in response.json()["errors"]] == [field]
+    assert AlertRule.objects.count() == 0
+
+
+@pytest.mark.parametrize("change", [{"direction": "sideways"}, {"threshold": 1.5}, {"threshold": -0.1}])
+def test_a_direction_or_threshold_out_of_range_is_refused_by_the_schema(workspace, agents, api_client_for, change):
+    response = api_client_for(workspace).post(
+        "/api/v1/alert-rules", {**RULE, **change}, content_type="application/json"
+    )
+
+    assert response.status_code == 422
+    assert set(response.json()) >= {"detail", "code"}
+    assert AlertRule.objects.count() == 0
