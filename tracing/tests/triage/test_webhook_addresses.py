@@ -5,12 +5,16 @@ resolver (`fake_dns`), never real DNS."""
 
 from __future__ import annotations
 
+import io
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.test import override_settings
 from django.utils import timezone
 
 from agent_registry.tests.factories import AgentFactory
@@ -272,3 +276,17 @@ def test_a_name_that_does_not_resolve_at_delivery_is_retried(agent, names):
     delivery.refresh_from_db()
     assert delivery.status == "pending"
     assert delivery.last_error.startswith("gone.example.com does not resolve")
+
+
+def test_a_malformed_outbound_setting_is_reported_when_keel_starts() -> None:
+    with (
+        override_settings(KEEL_OUTBOUND_ALLOWED_HOSTS=["langfuse.internal", "10.2.0.0/99"]),
+        pytest.raises(SystemCheckError, match=r"keel\.E001\) KEEL_OUTBOUND_ALLOWED_HOSTS: '10\.2\.0\.0/99'"),
+    ):
+        call_command("check", stdout=io.StringIO())
+    with (
+        override_settings(KEEL_OUTBOUND_RESOLVER="tracing.outbound.no_such_resolver"),
+        pytest.raises(SystemCheckError, match=r"keel\.E002"),
+    ):
+        call_command("check", stdout=io.StringIO())
+    call_command("check", stdout=io.StringIO())  # the settings as they are pass
