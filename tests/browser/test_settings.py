@@ -33,7 +33,7 @@ def _screenshot(page: Page, name: str) -> None:
     assert (SCREENSHOTS / name).stat().st_size > 10_000
 
 
-def test_set_the_retention_and_mirror_to_langfuse(page: Page, seeded: dict[str, Any]) -> None:
+def test_set_the_retention_and_mirror_to_langfuse(page: Page, seeded: dict[str, Any], settings: Any) -> None:
     base = seeded["url"]
     workspace: Workspace = seeded["workspace"]
     agent = Agent.objects.get(workspace=workspace, slug="ride-support")
@@ -58,18 +58,25 @@ def test_set_the_retention_and_mirror_to_langfuse(page: Page, seeded: dict[str, 
     mirror_card = page.locator("#langfuse")
     expect(mirror_card.get_by_text("Not mirroring to Langfuse")).to_be_visible()
     mirror_card.get_by_role("link", name="Set up mirroring").click()
-    settings = page.locator("#langfuse-settings")
-    settings.get_by_label("Host").fill("http://127.0.0.1:9")
-    settings.get_by_label("Public key").fill("pk-lf-demo")
-    settings.get_by_label("Secret key").fill(SECRET_KEY)
-    expect(settings.get_by_label("Mirror new spans and scores")).to_be_checked()
-    settings.get_by_role("button", name="Save mirror settings").click()
+    form = page.locator("#langfuse-settings")
+    form.get_by_label("Host").fill("http://127.0.0.1:9")
+    form.get_by_label("Public key").fill("pk-lf-demo")
+    form.get_by_label("Secret key").fill(SECRET_KEY)
+    expect(form.get_by_label("Mirror new spans and scores")).to_be_checked()
+    form.get_by_role("button", name="Save mirror settings").click()
+    # A host on Keel's own machine is refused until the operator permits such addresses.
+    expect(page.locator("#langfuse-settings").get_by_text("127.0.0.1 is loopback")).to_be_visible()
+    assert not LangfuseMirror.objects.filter(workspace=workspace).exists()
+    settings.KEEL_OUTBOUND_ALLOW_PRIVATE = True
+    form = page.locator("#langfuse-settings")
+    form.get_by_label("Secret key").fill(SECRET_KEY)
+    form.get_by_role("button", name="Save mirror settings").click()
     expect(page.get_by_text("this workspace mirrors new spans and scores to http://127.0.0.1:9")).to_be_visible()
     expect(mirror_card.get_by_text("mirroring", exact=True)).to_be_visible()
     expect(mirror_card.locator("[data-mirror-pending]")).to_have_text("0")
     expect(mirror_card.locator("[data-mirror-failed]")).to_have_text("0")
     expect(mirror_card.get_by_role("button", name="Retry failed deliveries")).to_be_disabled()
-    expect(settings.get_by_label("Secret key")).to_have_value("")
+    expect(form.get_by_label("Secret key")).to_have_value("")
     assert SECRET_KEY not in page.content()
     mirror = LangfuseMirror.objects.get(workspace=workspace)
     assert (mirror.host, mirror.public_key, mirror.enabled) == ("http://127.0.0.1:9", "pk-lf-demo", True)
@@ -93,3 +100,9 @@ def test_set_the_retention_and_mirror_to_langfuse(page: Page, seeded: dict[str, 
         Decimal("1.125"),
     )
     _screenshot(page, "integrations.png")
+
+    # A price set by mistake is removed: litellm's price map prices the model's new spans again.
+    row.get_by_role("button", name="Remove the price of gpt-4o").click()
+    expect(page.get_by_text("Removed the price of gpt-4o")).to_be_visible()
+    expect(page.locator('#model-prices tr[data-model="gpt-4o"]')).to_have_count(0)
+    assert not ModelPriceOverride.objects.filter(workspace=workspace, model="gpt-4o").exists()
