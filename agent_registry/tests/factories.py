@@ -126,6 +126,18 @@ def requirements_answers(**changes: Any) -> dict[str, Any]:
     return answers
 
 
+# Changes (for `requirements_answers`) that leave the router no tier: an inline latency wall rules out the
+# only tier enabled, the agentic one.
+NO_TIER_LEFT = {
+    "constraints.latency.latency_class": "inline",
+    "constraints.latency.hard_ceiling_ms": 1500,
+    "routing.mode": "single_level",
+    "routing.enabled_tiers": ["agentic"],
+    "routing.default_tier": "agentic",
+    "routing.escalation_rules": [],
+}
+
+
 def agent_with_requirements(**kwargs: Any) -> Agent:
     agent = AgentFactory.create(**kwargs)
     services.requirements_version_create(agent=agent, answers=requirements_answers(), message="initial")

@@ -4,7 +4,7 @@ import pytest
 
 from agent_registry import requirements
 from agent_registry.models import Agent, ApiKey, RequirementsVersion
-from agent_registry.tests.factories import AgentFactory, requirements_answers
+from agent_registry.tests.factories import NO_TIER_LEFT, AgentFactory, requirements_answers
 
 pytestmark = pytest.mark.django_db
 
@@ -288,14 +288,6 @@ def test_activate_an_unknown_version_is_404_and_changes_nothing(workspace, regis
     assert registry_state() == before
 
 
-NO_TIER_LEFT = {
-    "constraints.latency.latency_class": "inline",
-    "constraints.latency.hard_ceiling_ms": 1500,
-    "routing.mode": "single_level",
-    "routing.enabled_tiers": ["agentic"],
-    "routing.default_tier": "agentic",
-    "routing.escalation_rules": [],
-}
 NO_TIER_LEFT_ERRORS = [
     {
         "field": "routing.enabled_tiers",

@@ -9,7 +9,7 @@ import pytest
 
 from agent_registry import requirements, selectors
 from agent_registry.models import RequirementsVersion
-from agent_registry.tests.factories import AgentFactory, requirements_answers
+from agent_registry.tests.factories import NO_TIER_LEFT, AgentFactory, requirements_answers
 from frontend import forms
 from frontend.tests.conftest import db_state
 
@@ -192,16 +192,6 @@ def test_activating_an_old_version_rolls_back(tenant, member_client):
     assert agent.current_requirements.version == 1
     assert RequirementsVersion.objects.filter(agent=agent).count() == 2
     assert "Requirements v1 is current again." in [str(m) for m in response.context["messages"]]
-
-
-NO_TIER_LEFT = {
-    "constraints.latency.latency_class": "inline",
-    "constraints.latency.hard_ceiling_ms": 1500,
-    "routing.mode": "single_level",
-    "routing.enabled_tiers": ["agentic"],
-    "routing.default_tier": "agentic",
-    "routing.escalation_rules": [],
-}
 
 
 def test_answers_that_leave_no_tier_are_not_saved_and_the_tiers_are_marked(tenant, member_client):

@@ -6,10 +6,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import threading
-from collections.abc import Iterator
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.utils import timezone
@@ -27,41 +24,6 @@ def _private_receivers_permitted(settings):
     """Every receiver here listens on 127.0.0.1, which Keel refuses unless the operator permits it
     (test_webhook_addresses.py tests the refusal)."""
     settings.KEEL_OUTBOUND_ALLOW_PRIVATE = True
-
-
-class Receiver:
-    """A webhook receiver: records each request; answers the next status in `statuses` (then 200)."""
-
-    def __init__(self) -> None:
-        self.requests: list[dict[str, object]] = []
-        self.statuses: list[int] = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                receiver.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
-                status = receiver.statuses.pop(0) if receiver.statuses else 200
-                self.send_response(status)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/keel-hook"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    server = Receiver()
-    server.thread.start()
-    yield server
-    server.server.shutdown()
-    server.server.server_close()
 
 
 def _fired(workspace, **fields):

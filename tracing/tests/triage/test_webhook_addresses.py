@@ -6,10 +6,7 @@ resolver (`fake_dns`), never real DNS."""
 from __future__ import annotations
 
 import io
-import threading
-from collections.abc import Iterator
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.core.management import call_command
@@ -45,43 +42,6 @@ REFUSED_URLS = [
     "http://mixed.example.com/hook",  # one public and one loopback answer
     "http://metadata.example.com/hook",  # resolves to the metadata address
 ]
-
-
-class Receiver:
-    """A webhook receiver on 127.0.0.1: records each request; answers `status`, with `location` if set."""
-
-    def __init__(self) -> None:
-        self.requests: list[dict[str, str]] = []
-        self.status = 200
-        self.location = ""
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                receiver.requests.append({"path": self.path, "host": str(self.headers.get("Host"))})
-                self.send_response(receiver.status)
-                if receiver.location:
-                    self.send_header("Location", receiver.location)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    server = Receiver()
-    server.thread.start()
-    yield server
-    server.server.shutdown()
-    server.server.server_close()
 
 
 @pytest.fixture
@@ -235,14 +195,16 @@ def test_a_delivery_connects_to_the_address_it_checked(agent, names, receiver, s
 
     assert alerts.alert_delivery_deliver(delivery_id=delivery.pk) is True
 
-    assert receiver.requests == [{"path": "/hook", "host": f"hooks.internal:{receiver.port}"}]
+    assert [(request["path"], request["host"]) for request in receiver.requests] == [
+        ("/hook", f"hooks.internal:{receiver.port}")
+    ]
     assert resolver.ASKED == ["hooks.internal"]
 
 
 def test_a_redirect_is_not_followed_and_its_target_is_recorded(agent, names, receiver, settings):
     settings.KEEL_OUTBOUND_ALLOWED_HOSTS = ["hooks.internal"]
     names["hooks.internal"] = ["127.0.0.1"]
-    receiver.status = 307
+    receiver.statuses = [307]
     receiver.location = "http://169.254.169.254/latest/meta-data/"
     delivery = _fired(agent, f"http://hooks.internal:{receiver.port}/hook")
 
