@@ -24,6 +24,7 @@ from agent_registry.models import PromptLabelMove
 from agent_registry.requirements import Comparator
 from evals import runs
 from evals.models import RegressionAlert, Run, RunStatus, RunTrigger, Suite, SuiteTarget
+from routing import selectors as routing_selectors
 
 logger = logging.getLogger("evals.regressions")
 
@@ -48,8 +49,8 @@ def _suites_for(move: PromptLabelMove) -> list[Suite]:
     if not suites:
         return []
     assert suites[0].agent is not None
-    holder = runs.label_holder(agent=suites[0].agent, label=move.label)
-    return suites if holder is not None and holder.prompt_id == move.prompt_id else []
+    served = routing_selectors.labelled_prompt_version(agent=suites[0].agent, label=move.label)
+    return suites if served is not None and served.prompt_id == move.prompt_id else []
 
 
 def label_moves_check(*, now: datetime | None = None) -> list[Run]:

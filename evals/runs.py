@@ -34,12 +34,12 @@ from typing import Any
 
 import orjson
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, Count, F, IntegerField, Min, Q, Value, When
+from django.db.models import Count, F, Min, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from agent_registry import services as registry_services
-from agent_registry.models import Agent, ApiKey, PromptLabel, PromptVersion, Scope, User, Workspace
+from agent_registry.models import ApiKey, PromptVersion, Scope, User, Workspace
 from config import dispatch
 from config.errors import KeelError
 from evals import dataset_items, evaluators, exceptions, metrics, selectors, verifiers
@@ -56,6 +56,7 @@ from evals.models import (
     SuiteTarget,
 )
 from routing import gateway, providers
+from routing import selectors as routing_selectors
 from routing.chat import ChatCompletionRequest
 
 logger = logging.getLogger("evals.runs")
@@ -78,23 +79,6 @@ class RunNotStartable(exceptions.EvalsConflict):
 # --- Making a run ---------------------------------------------------------------------------------------
 
 
-def label_holder(*, agent: Agent, label: str) -> PromptLabel | None:
-    """The label a suite of the agent evaluates when several of its prompts carry it: the one the gateway
-    serves for `model: "agent/<slug>"` (the prompt named "<slug>/system" first, then by name), so that a
-    suite on "production" scores what production traffic gets."""
-    return (
-        PromptLabel.objects.select_related("version__prompt")
-        .filter(prompt__agent=agent, name=label)
-        .annotate(
-            served_first=Case(
-                When(prompt__name=f"{agent.slug}/system", then=Value(0)), default=Value(1), output_field=IntegerField()
-            )
-        )
-        .order_by("served_first", "prompt__name", "pk")
-        .first()
-    )
-
-
 def _prompt_version(suite: Suite, override: PromptVersion | None) -> PromptVersion | None:
     if override is not None:
         return override
@@ -102,13 +86,14 @@ def _prompt_version(suite: Suite, override: PromptVersion | None) -> PromptVersi
         return suite.prompt_version
     if suite.target != SuiteTarget.AGENT or suite.agent is None:
         return None
-    label = label_holder(agent=suite.agent, label=suite.prompt_label or "production")
-    if label is None:
+    # The version the gateway serves under the label, so that a suite on "production" scores production.
+    version = routing_selectors.labelled_prompt_version(agent=suite.agent, label=suite.prompt_label or "production")
+    if version is None:
         raise RunNotStartable(
             f"the agent {suite.agent.slug} has no prompt labelled {suite.prompt_label or 'production'!r}",
             errors=[{"field": "prompt_label", "message": "no prompt version has this label"}],
         )
-    return label.version
+    return version
 
 
 def _startable(suite: Suite) -> None:

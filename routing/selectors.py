@@ -291,9 +291,14 @@ def router_config_find(*, agent: Agent) -> RouterConfig | None:
 
 
 def production_prompt_version(*, agent: Agent) -> PromptVersion | None:
-    """The prompt version the gateway applies: the production version of the agent's `<slug>/system`
-    prompt, else of its first prompt (by name) that has a production label."""
-    versions = PromptVersion.objects.select_related("prompt").filter(prompt__agent=agent, labels__name="production")
+    """The prompt version the gateway applies: `labelled_prompt_version` of the production label."""
+    return labelled_prompt_version(agent=agent, label="production")
+
+
+def labelled_prompt_version(*, agent: Agent, label: str) -> PromptVersion | None:
+    """The version labelled `label` of the prompt the gateway serves for the agent when several carry the
+    label: the agent's `<slug>/system` prompt, else its first such prompt by name."""
+    versions = PromptVersion.objects.select_related("prompt").filter(prompt__agent=agent, labels__name=label)
     preferred = versions.filter(prompt__name=f"{agent.slug}/system").first()
     return preferred or versions.order_by("prompt__name").first()
 

@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.core import checks
 
 
 class TracingConfig(AppConfig):
@@ -6,4 +7,6 @@ class TracingConfig(AppConfig):
     name = "tracing"
 
     def ready(self) -> None:
-        from tracing import checks  # noqa: F401  (registers the settings checks)
+        from tracing.checks import outbound_settings_check
+
+        checks.register(outbound_settings_check, checks.Tags.security)

@@ -1,5 +1,5 @@
-"""Django system checks of tracing's settings: a mistake in them is reported when Keel starts (`migrate`,
-`check`), not by the first webhook a member saves."""
+"""Django system checks of tracing's settings (registered by TracingConfig.ready): a mistake in them is
+reported when Keel starts (`migrate`, `check`), not by the first webhook a member saves."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from django.core import checks
 from django.utils.module_loading import import_string
 
 
-@checks.register(checks.Tags.security)
 def outbound_settings_check(app_configs: Any, **kwargs: Any) -> list[checks.CheckMessage]:
     from tracing import outbound
 
