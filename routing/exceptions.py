@@ -73,3 +73,10 @@ class HandoffConflict(Conflict):
 
 class CacheHitNotFound(NotFound):
     code = "cache_hit_not_found"
+
+
+class PromptNotLabelled(Conflict):
+    """The agent's `<slug>/system` prompt has no version labelled production: the gateway will not serve the
+    agent with another prompt, or none, in its place."""
+
+    code = "prompt_not_labelled"

@@ -30,6 +30,7 @@ from config.config_cache import config_free_transaction
 from config.errors import KeelError, ValidationFailed
 from routing import cache, guarding, hooks, providers, router, selectors, tiers
 from routing.chat import ChatCompletionRequest, chunk_body, completion_body, usage_chunk_body
+from routing.exceptions import PromptNotLabelled
 from routing.models import (
     Handoff,
     ModelTarget,
@@ -321,6 +322,11 @@ def _plan_agent(plan: _Plan, context: selectors.GatewayAgent) -> None:
     pin = plan.pin
     if pin is not None and pin.prompt_version is not None:
         plan.prompt_version = pin.prompt_version
+    elif context.unlabelled_prompt is not None:
+        raise PromptNotLabelled(
+            f"agent {agent.slug!r} is not served: no version of its prompt {context.unlabelled_prompt!r} is "
+            "labelled production; label the version to serve"
+        )
     else:
         plan.prompt_version = context.production_version
     client_messages = _input_guarded(plan, agent, request.messages_json())
@@ -604,7 +610,8 @@ def _cache_check(plan: _Plan) -> tiers.TierResult | None:
     system = "\n".join(str(m.get("content")) for m in plan.messages if m.get("role") in ("system", "developer"))
     scope = f"{decision.tier}\n{system}"
     if decision.tier == TierChoice.CHAIN:
-        scope += f"\n{tiers.chain_fingerprint(agent=agent)}"
+        assert plan.context is not None
+        scope += f"\n{tiers.chain_fingerprint(tiers.chain_steps(plan.context))}"
     plan.system_hash = cache.system_hash(scope)
     started = time.time_ns()
     found = cache.cache_lookup(
@@ -696,7 +703,7 @@ def _plan(
     if context is not None:
         try:
             _plan_agent(plan, context)
-        except guarding.GuardrailBlocked as error:
+        except (guarding.GuardrailBlocked, PromptNotLabelled) as error:
             _record(plan, output=None, status="error", result=None, error=error)
             raise
     else:

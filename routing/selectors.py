@@ -14,13 +14,13 @@ from typing import Any, Final
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, ProgrammingError, connection, connections
 from django.db.backends.postgresql.operations import DatabaseOperations as PostgresOperations
-from django.db.models import Case, Exists, F, IntegerField, OuterRef, QuerySet, Subquery, Value, When
+from django.db.models import Case, Exists, F, IntegerField, OuterRef, Q, QuerySet, Subquery, Value, When
 from django.db.models.functions import Concat
 from pgvector.django import CosineDistance
 from psycopg import generators as libpq
 from psycopg.pq import ExecStatus
 
-from agent_registry.models import Agent, ApiKey, PromptVersion
+from agent_registry.models import Agent, ApiKey, Prompt, PromptVersion
 from agent_registry.selectors import apikey_agent_ids, apikey_agent_ids_kept
 from config.compiled_query import CompiledQuery
 from config.config_cache import NotifiedCache
@@ -80,6 +80,9 @@ class GatewayAgent:
     agent: Agent
     config: RouterConfig | None
     production_version: PromptVersion | None
+    # The agent's `<slug>/system` prompt when no version of it is labelled production (the gateway refuses
+    # to serve the agent rather than serve another prompt, or none, in its place).
+    unlabelled_prompt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,10 +137,16 @@ def _statement_prepared(name: str, prepare: str) -> None:
 
 @lru_cache(maxsize=1)
 def _agent_statement() -> _AgentStatement:
-    # As production_prompt_version chooses: the `<slug>/system` prompt's production version, else the
-    # production version of the agent's first prompt by name.
+    # As production_prompt_version chooses: the `<slug>/system` prompt's production version; only when the
+    # agent has no such prompt, the production version of its first prompt by name.
+    system_prompt = Prompt.objects.filter(agent=OuterRef("pk"), name=Concat(OuterRef("slug"), Value("/system")))
+    # The same prompt, seen from inside the version's subquery (whose outer query is the agent's).
+    system_prompt_inner = Prompt.objects.filter(
+        agent=OuterRef(OuterRef("pk")), name=Concat(OuterRef(OuterRef("slug")), Value("/system"))
+    )
     production = (
         PromptVersion.objects.filter(prompt__agent=OuterRef("pk"), labels__name="production")
+        .filter(Q(prompt__name=Concat(OuterRef("slug"), Value("/system"))) | ~Exists(system_prompt_inner))
         .annotate(
             gateway_preferred=Case(
                 When(prompt__name=Concat(OuterRef("slug"), Value("/system")), then=Value(0)),
@@ -163,11 +172,17 @@ def _agent_statement() -> _AgentStatement:
             gateway_key_limited=Exists(key_agents),
             gateway_key_allows=Exists(key_agents.filter(agent_id=OuterRef("pk"))),
             gateway_production_version=Subquery(production),
+            gateway_system_prompt=Exists(system_prompt),
             **fingerprint,
         )
         .order_by("pk")
         .values_list(
-            *agent_fields, "gateway_key_limited", "gateway_key_allows", "gateway_production_version", *fingerprint
+            *agent_fields,
+            "gateway_key_limited",
+            "gateway_key_allows",
+            "gateway_production_version",
+            "gateway_system_prompt",
+            *fingerprint,
         )[:1]
     )
     body = _statement_body(query, {_WORKSPACE_PLACEHOLDER: "$1", _KEY_PLACEHOLDER: "$2", _SLUG_PLACEHOLDER: "$3"})
@@ -227,13 +242,15 @@ def gateway_agent_context(*, api_key: ApiKey, slug: str) -> GatewayAgent:
     statement = _agent_statement()
     count = len(statement.agent_fields)
     if row is not None:
-        key_limited, key_allows, version_id = row[count : count + 3]
+        key_limited, key_allows, version_id, has_system_prompt = row[count : count + 4]
         if not key_limited or key_allows:
             agent = statement.agent(row)
+            version = _prompt_version(agent, version_id if isinstance(version_id, int) else None)
             return GatewayAgent(
                 agent=agent,
-                config=_router_config(agent, row[count + 3 :]),
-                production_version=_prompt_version(agent, version_id if isinstance(version_id, int) else None),
+                config=_router_config(agent, row[count + 4 :]),
+                production_version=version,
+                unlabelled_prompt=f"{agent.slug}/system" if version is None and has_system_prompt else None,
             )
     raise ModelNotFound(f"there is no agent {slug!r} this key may call (model 'agent/{slug}')")
 
@@ -296,11 +313,15 @@ def production_prompt_version(*, agent: Agent) -> PromptVersion | None:
 
 
 def labelled_prompt_version(*, agent: Agent, label: str) -> PromptVersion | None:
-    """The version labelled `label` of the prompt the gateway serves for the agent when several carry the
-    label: the agent's `<slug>/system` prompt, else its first such prompt by name."""
+    """The version labelled `label` of the prompt the gateway serves for the agent: its `<slug>/system`
+    prompt's, and None when that prompt has no version with the label. Only an agent without such a prompt
+    is served its first prompt by name that has a version with the label."""
     versions = PromptVersion.objects.select_related("prompt").filter(prompt__agent=agent, labels__name=label)
-    preferred = versions.filter(prompt__name=f"{agent.slug}/system").first()
-    return preferred or versions.order_by("prompt__name").first()
+    system_name = f"{agent.slug}/system"
+    preferred = versions.filter(prompt__name=system_name).first()
+    if preferred is not None or Prompt.objects.filter(agent=agent, name=system_name).exists():
+        return preferred
+    return versions.order_by("prompt__name").first()
 
 
 # --- The learned router's neighbours ------------------------------------------------------------------

@@ -17,6 +17,7 @@ from agent_registry.models import Prompt
 from config.process_cache import TtlCache
 from routing import selectors, services
 from routing.models import ModelTarget, RoutingDecision
+from tracing.models import Trajectory
 from routing.tests.conftest import Gateway, gateway_agent
 
 pytestmark = pytest.mark.django_db
@@ -244,6 +245,57 @@ def test_the_system_prompt_is_preferred_over_other_production_prompts(gateway, c
     assert context.production_version is not None
     assert context.production_version.prompt.name == "ride-support/system"
     assert context.production_version == selectors.production_prompt_version(agent=gateway.agent)
+
+
+def test_an_agent_without_a_system_prompt_is_served_its_first_production_prompt_by_name(workspace, clock):
+    agent = registry_services.agent_create(workspace=workspace, slug="faq", name="FAQ")
+    key, _ = registry_services.apikey_create(workspace=workspace, name="k", scopes=["gateway"])
+    registry_services.prompt_create(agent=agent, name="faq/zz-later", type="text", template="Z.", labels=["production"])
+    first = registry_services.prompt_create(
+        agent=agent, name="faq/answers", type="text", template="A.", labels=["production"]
+    )
+
+    context = selectors.gateway_agent_context(api_key=key, slug="faq")
+
+    assert context.production_version == first == selectors.production_prompt_version(agent=agent)
+    assert context.unlabelled_prompt is None
+
+
+def test_a_system_prompt_without_the_production_label_is_not_replaced_by_another_prompt(gateway, clock):
+    registry_services.prompt_create(
+        agent=gateway.agent, name="a-first-by-name", type="text", template="Other.", labels=["production"]
+    )
+    system = Prompt.objects.get(agent=gateway.agent, name="ride-support/system")
+    registry_services.prompt_label_delete(prompt=system, label="production")
+
+    context = _context(gateway)
+
+    assert context.production_version is None
+    assert context.unlabelled_prompt == "ride-support/system"
+    assert selectors.production_prompt_version(agent=gateway.agent) is None
+    assert selectors.labelled_prompt_version(agent=gateway.agent, label="production") is None
+
+
+def test_the_gateway_refuses_an_agent_whose_system_prompt_lost_its_label_and_records_the_refusal(gateway, clock):
+    registry_services.prompt_create(
+        agent=gateway.agent, name="a-first-by-name", type="text", template="Other.", labels=["production"]
+    )
+    system = Prompt.objects.get(agent=gateway.agent, name="ride-support/system")
+    registry_services.prompt_label_delete(prompt=system, label="production")
+
+    response = gateway.ask("Where is my receipt?")
+
+    assert response.status_code == 409
+    error = response.json()["error"]
+    assert error["code"] == "prompt_not_labelled"
+    assert "'ride-support/system'" in error["message"]
+    assert gateway.fake.received == []  # no model was called with another prompt, or none
+    trajectory = Trajectory.objects.get(trace_id=response.headers["X-Keel-Trace-Id"])
+    assert trajectory.status == "error"
+
+    registry_services.prompt_label_move(prompt=system, label="production", version=system.versions.get(version=1))
+    assert gateway.ask("Where is my receipt?").status_code == 200
+    assert len(gateway.fake.received) == 1
 
 
 # --- Who may call --------------------------------------------------------------------------------
