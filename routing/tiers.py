@@ -68,6 +68,9 @@ class TierContext:
     # A request Keel makes itself (an eval run): nothing it does may wait on a person, so a hand-off and an
     # approval are recorded on the trajectory only, never put in the queues people work from.
     rehearsal: bool = False
+    # The agent's chain steps, read once per request (chain_steps): the cache's scope and the chain itself
+    # see the same steps.
+    steps_read: list[ChainStep] | None = None
 
 
 @dataclass(slots=True)
@@ -237,11 +240,21 @@ def _schema_errors(text: str, schema: Mapping[str, Any]) -> str | None:
     return None
 
 
-def chain_fingerprint(*, agent: Agent) -> str:
-    """What a chain answer depends on beyond the production prompt and the request: the agent's steps as
-    they are now. Part of the semantic cache's scope for the chain tier, so a changed chain is not answered
-    from what the old one said."""
-    steps = ChainStep.objects.filter(agent=agent).order_by("position")
+def chain_steps(context: TierContext) -> list[ChainStep]:
+    """The agent's chain steps in order, read on the request's first call."""
+    if context.steps_read is None:
+        context.steps_read = list(
+            ChainStep.objects.filter(agent=context.agent)
+            .select_related("prompt_version__prompt", "model_target")
+            .order_by("position")
+        )
+    return context.steps_read
+
+
+def chain_fingerprint(steps: Sequence[ChainStep]) -> str:
+    """What a chain answer depends on beyond the production prompt and the request: the agent's steps (as
+    chain_steps read them). Part of the semantic cache's scope for the chain tier, so a changed chain is
+    not answered from what the old one said."""
     return json.dumps(
         [
             [step.name, step.prompt_version_id, step.instructions, step.model_target_id, step.output_schema]
@@ -253,7 +266,7 @@ def chain_fingerprint(*, agent: Agent) -> str:
 
 
 def chain(context: TierContext, messages: Sequence[Mapping[str, Any]]) -> TierResult:
-    steps = list(ChainStep.objects.filter(agent=context.agent).select_related("prompt_version__prompt", "model_target"))
+    steps = chain_steps(context)
     if not steps:
         raise TierUnavailable(f"agent {context.agent.slug!r} has no chain steps: declare them in its router settings")
     # Every step's prompt is rendered before the first runs: a step that cannot run fails the request

@@ -4,6 +4,8 @@ missing."""
 from __future__ import annotations
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from agent_registry.tests.factories import prompt_with_versions
 from routing import services
@@ -77,6 +79,19 @@ def test_a_changed_chain_is_not_answered_from_the_cache_of_the_old_one(gateway):
     assert changed["keel"]["cache_hit"] is False
     assert changed["choices"][0]["message"]["content"] == "the new chain's answer"
     assert [r.messages[0]["content"] for r in gateway.fake.received] == ["Answer briefly.", "Answer in detail."]
+
+
+def test_a_cached_chain_request_reads_the_agents_steps_once(gateway):
+    gateway.config.cache_enabled = True
+    _chain(gateway, {"name": "classify", "instructions": "Classify."}, {"name": "answer", "instructions": "Answer."})
+    gateway.fake.script("fast", say("a comparison"), say("the answer"))
+
+    with CaptureQueriesContext(connection) as queries:
+        body = gateway.ask("Compare my last two trips").json()
+
+    assert (body["keel"]["tier"], body["keel"]["cache_hit"]) == ("chain", False)
+    step_reads = [q["sql"] for q in queries.captured_queries if 'FROM "routing_chainstep"' in q["sql"]]
+    assert len(step_reads) == 1, step_reads
 
 
 def test_a_chain_step_whose_model_target_is_disabled_runs_on_the_agents_single_call_target(gateway):
