@@ -111,6 +111,15 @@ class ChatCompletionRequest(BaseModel):
             raise ValueError("stream_options.include_usage must be true or false")
         return value
 
+    @field_validator("metadata")
+    @classmethod
+    def _conversation_id_is_an_id(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        # Taken as the trajectory's session: an object or a list would become its text, one session per shape.
+        conversation = (value or {}).get("conversation_id")
+        if conversation is not None and (isinstance(conversation, bool) or not isinstance(conversation, str | int)):
+            raise ValueError("metadata.conversation_id must be a string")
+        return value
+
     @property
     def usage_streamed(self) -> bool:
         """Whether a stream ends with a chunk of usage (`stream_options.include_usage`), as OpenAI sends it:

@@ -476,6 +476,23 @@ def test_stream_options_include_usage_must_be_a_boolean(gateway):
     assert "include_usage" in response.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("conversation_id", [{"id": "chat-42"}, ["chat-42"], True])
+def test_a_metadata_conversation_id_that_is_not_an_id_is_a_400(gateway, conversation_id):
+    response = gateway.ask("receipt please", metadata={"conversation_id": conversation_id})
+
+    assert response.status_code == 400
+    assert response.json()["code"] == "invalid_request"
+    assert "metadata.conversation_id must be a string" in response.json()["detail"]
+    assert gateway.fake.received == []
+
+
+def test_a_metadata_conversation_id_names_the_session(gateway):
+    response = gateway.ask("receipt please", metadata={"conversation_id": 42})
+
+    assert response.status_code == 200
+    assert _stored(gateway, response.headers["X-Keel-Trace-Id"]).session_id == "42"
+
+
 def test_a_stream_cut_by_the_provider_ends_with_an_error_event_and_is_recorded(gateway):
     _stream_live(gateway.agent)
     gateway.fake.script("fast", Cut("one two three four five", after=2))
