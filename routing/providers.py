@@ -261,6 +261,11 @@ def _error_text(error: Exception, target: ModelTarget | None) -> str:
     # provider's words; the caller and the trajectory get the words. A provider that refuses a key may
     # quote it (or the Authorization header) in those words: the text goes to the client, the trajectory,
     # the target's health and the logs, so the key is taken out first.
+    # A stream that fails is wrapped by litellm in MidStreamFallbackError (for its router's fallbacks), with
+    # the provider's error inside, said twice; before the first chunk nothing was mid-stream at all.
+    inner = getattr(error, "original_exception", None)
+    if type(error).__name__ == "MidStreamFallbackError" and isinstance(inner, Exception):
+        error = inner
     text = str(error).split("Traceback (most recent call last)", 1)[0].strip()
     return redact(f"{type(error).__name__}: {text}", _target_key(target))[:1000]
 

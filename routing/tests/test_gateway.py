@@ -6,6 +6,7 @@ import json
 from decimal import Decimal
 from typing import Any
 
+import litellm
 import pytest
 from litellm.exceptions import InternalServerError, ServiceUnavailableError, Timeout
 
@@ -491,6 +492,24 @@ def test_a_metadata_conversation_id_names_the_session(gateway):
 
     assert response.status_code == 200
     assert _stored(gateway, response.headers["X-Keel-Trace-Id"]).session_id == "42"
+
+
+def test_a_stream_that_fails_before_its_first_chunk_names_the_providers_error_once(gateway):
+    _stream_live(gateway.agent)
+    failures = [
+        litellm.InternalServerError(f"the server fell over ({n})", llm_provider="openai", model="fast") for n in (1, 2)
+    ]
+    gateway.fake.script("fast", *failures)
+
+    response = gateway.ask("receipt please", stream=True)
+
+    assert response.status_code == 502
+    attempts = response.json()["attempts"]
+    assert [a["error"] for a in attempts] == [
+        "InternalServerError: litellm.InternalServerError: the server fell over (1)",
+        "InternalServerError: litellm.InternalServerError: the server fell over (2)",
+    ]
+    assert "MidStreamFallbackError" not in response.json()["detail"]
 
 
 def test_a_stream_cut_by_the_provider_ends_with_an_error_event_and_is_recorded(gateway):
