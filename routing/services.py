@@ -36,6 +36,7 @@ from routing.models import (
     RouterConfig,
     TargetSource,
 )
+from tracing import outbound
 
 Errors = list[dict[str, str]]
 
@@ -781,6 +782,15 @@ TOOL_TIMEOUT_MAX_SECONDS: Final = 120.0
 EMPTY_PARAMETERS: Final[dict[str, Any]] = {"type": "object", "properties": {}}
 
 
+def _endpoint_refusal(url: str) -> str | None:
+    """Why Keel may not call a tool endpoint at `url`, or None. Whoever edits an agent's tools chooses where
+    Keel's web process sends requests, so the outbound rule of webhooks holds (tracing/outbound.py): public
+    addresses unless the operator permits others."""
+    if urlsplit(url).scheme not in ("http", "https"):
+        return "must be an http(s) URL"
+    return outbound.OutboundPolicy.from_settings().url_refusal(url)
+
+
 def _agent_tool_apply(tool: AgentTool, fields: Mapping[str, Any]) -> Errors:
     errors: Errors = [{"field": name, "message": "unknown field"} for name in sorted(set(fields) - TOOL_FIELDS)]
     endpoint = tool.endpoint_url
@@ -804,8 +814,13 @@ def _agent_tool_apply(tool: AgentTool, fields: Mapping[str, Any]) -> Errors:
         elif name == "endpoint_url":
             if value is not None and not isinstance(value, str):
                 errors.append({"field": "endpoint_url", "message": "must be a URL"})
+                continue
+            url = (value or "").strip()
+            refusal = _endpoint_refusal(url) if url else None
+            if refusal is not None:
+                errors.append({"field": "endpoint_url", "message": refusal})
             else:
-                tool.endpoint_url = (value or "").strip()
+                tool.endpoint_url = url
         elif name == "endpoint_secret":
             # None keeps the stored secret; "" removes it.
             if value is None:

@@ -31,6 +31,7 @@ from config.redact import redact, redact_value
 from routing import guarding, hooks, providers
 from routing.models import AgentTool, ChainStep, Handoff, ModelTarget, RouterConfig, TierChoice
 from routing.recording import TraceRecorder
+from tracing import outbound
 
 logger = logging.getLogger("routing.tiers")
 
@@ -345,8 +346,11 @@ def _endpoint_call(
         # A slow endpoint must not hold the request past its time budget: the loop stops at the deadline.
         timeout = max(0.001, min(timeout, deadline - time.monotonic()))
     try:
-        response = httpx.post(tool.endpoint_url, json=body, headers=headers, timeout=timeout)
-    except httpx.HTTPError as error:
+        # Checked at each connection as well as when saved (tracing/outbound.py): a name that resolves to a
+        # forbidden address now is refused, whatever it resolved to then.
+        with outbound.checked_client(timeout=timeout) as client:
+            response = client.post(tool.endpoint_url, json=body, headers=headers)
+    except (httpx.HTTPError, outbound.AddressRefused) as error:
         text = redact(f"{type(error).__name__}: {error}", secret)
         return {"error": text}, f"tool endpoint unreachable: {text}"
     try:

@@ -19,9 +19,11 @@ as is a redirect to a forbidden host (each hop is a new connection, checked the 
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 import socket
+import ssl
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -246,12 +248,17 @@ class CheckedTransport(httpx.HTTPTransport):
     on Keel's behalf, past the check."""
 
     def __init__(self, policy: OutboundPolicy) -> None:
-        super().__init__(trust_env=False)
+        super().__init__(verify=_ssl_context(), trust_env=False)
         # httpx builds its httpcore pool without a way to pass a network backend; this pool is the one it
         # builds by default (TLS verified, HTTP/1.1), with the checked backend.
-        self._pool = httpcore.ConnectionPool(
-            ssl_context=httpx.create_ssl_context(trust_env=False), network_backend=_CheckedBackend(policy)
-        )
+        self._pool = httpcore.ConnectionPool(ssl_context=_ssl_context(), network_backend=_CheckedBackend(policy))
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    """httpx's default TLS context (certificates verified), made once: loading the CA bundle takes tens of
+    milliseconds, too long to pay for each tool call. A context is meant to be shared by connections."""
+    return httpx.create_ssl_context(trust_env=False)
 
 
 def checked_client(

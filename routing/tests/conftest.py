@@ -147,7 +147,10 @@ class ToolServer:
 
 
 @pytest.fixture
-def tool_server() -> Iterator[ToolServer]:
+def tool_server(settings: Any) -> Iterator[ToolServer]:
+    # The server is on 127.0.0.1, where Keel calls tool endpoints only when the operator permits private
+    # addresses (tracing/outbound.py).
+    settings.KEEL_OUTBOUND_ALLOW_PRIVATE = True
     with ToolServer(
         {"lookup_trip": {"trip_id": "T1", "charges": [12.5, 12.5]}, "issue_refund": {"refunded": 12.5}}
     ) as server:

@@ -24,8 +24,9 @@ ENDPOINT_DELAY_SECONDS = 5.0
 
 
 @pytest.fixture
-def slow_endpoint() -> Iterator[str]:
-    """A tool endpoint that answers after ENDPOINT_DELAY_SECONDS (or when the test ends)."""
+def slow_endpoint(settings: Any) -> Iterator[str]:
+    """A tool endpoint that answers after ENDPOINT_DELAY_SECONDS (or when the test ends), on 127.0.0.1."""
+    settings.KEEL_OUTBOUND_ALLOW_PRIVATE = True
     release = threading.Event()
 
     class Handler(BaseHTTPRequestHandler):

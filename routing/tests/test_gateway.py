@@ -13,12 +13,13 @@ from litellm.exceptions import InternalServerError, ServiceUnavailableError, Tim
 from agent_registry import services as registry_services
 from agent_registry.tests.factories import AgentFactory
 from guardrails import services as guardrail_services
-from routing import shadow
+from routing import services, shadow
 from routing.models import AgentTool, ChainStep, Handoff, ModelTarget, RoutingDecision, ShadowRun, ShadowStatus
 from routing.tests.conftest import Gateway, ToolServer, gateway_agent, targets
 from routing.tests.fakes import FAKE_PROVIDER, Cut, call, say
 from tracing import services as tracing_services
 from tracing.models import IngestBatch, Trajectory
+from tracing.tests import fake_dns
 
 pytestmark = pytest.mark.django_db
 
@@ -229,6 +230,30 @@ def test_an_agentic_loop_that_hits_its_step_limit_stops_says_so_and_fires_exhaus
     trajectory = _stored(gateway, body["keel"]["trace_id"])
     assert trajectory.status == "error"
     assert "exhaustion" in trajectory.signal_names
+
+
+def test_a_tool_endpoint_whose_name_now_resolves_to_a_private_address_is_not_called(
+    gateway, tool_server, monkeypatch, settings
+):
+    # Saved while the name did not resolve; by the call it resolves to Keel's own machine (DNS rebinding).
+    settings.KEEL_OUTBOUND_ALLOW_PRIVATE = False  # the tool_server fixture permits it
+    gateway.config.rules = [{"name": "account", "kind": "keywords", "value": "refund", "to_tier": "agentic"}]
+    gateway.config.save()
+    port = tool_server.url.split(":")[2].split("/")[0]
+    services.agent_tool_create(
+        agent=gateway.agent, name="lookup_trip", endpoint_url=f"http://tools.rebound.example:{port}/tools"
+    )
+    monkeypatch.setitem(fake_dns.HOSTS, "tools.rebound.example", ["127.0.0.1"])
+    gateway.fake.script("strong", call("lookup_trip", {"trip_id": "T1"}), say("I could not look it up"))
+
+    body = gateway.ask("refund my trip").json()
+
+    assert body["choices"][0]["message"]["content"] == "I could not look it up"
+    assert tool_server.calls == []
+    tool_message = gateway.fake.received[1].messages[-1]
+    assert tool_message["role"] == "tool"
+    assert "AddressRefused" in tool_message["content"]
+    assert "resolves to 127.0.0.1, which is loopback" in tool_message["content"]
 
 
 def test_a_failing_provider_is_retried_then_the_fallback_answers(gateway):

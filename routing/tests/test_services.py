@@ -435,6 +435,39 @@ def test_a_tool_is_created_updated_and_deleted(workspace):
     assert not AgentTool.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("http://127.0.0.1:5432/", "127.0.0.1 is loopback"),
+        ("http://169.254.169.254/latest/meta-data/", "169.254.169.254 is"),
+        ("http://10.0.0.7/admin", "10.0.0.7 is private"),
+        ("file:///etc/passwd", "must be an http(s) URL"),
+    ],
+)
+def test_a_tool_endpoint_keel_may_not_send_to_is_refused_when_saved(workspace, url, says):
+    agent = AgentFactory.create(workspace=workspace)
+
+    with pytest.raises(exceptions.AgentToolInvalid) as refused:
+        services.agent_tool_create(agent=agent, name="lookup_order", endpoint_url=url)
+
+    (error,) = refused.value.extra["errors"]
+    assert error["field"] == "endpoint_url"
+    assert says in error["message"]
+    assert not AgentTool.objects.exists()
+
+
+def test_an_operator_may_permit_private_tool_endpoints_but_never_the_metadata_service(workspace, settings):
+    settings.KEEL_OUTBOUND_ALLOW_PRIVATE = True
+    agent = AgentFactory.create(workspace=workspace)
+
+    tool = services.agent_tool_create(agent=agent, name="lookup_order", endpoint_url="http://10.0.0.7/lookup")
+
+    assert tool.endpoint_url == "http://10.0.0.7/lookup"
+    with pytest.raises(exceptions.AgentToolInvalid):
+        services.agent_tool_update(tool=tool, endpoint_url="http://169.254.169.254/latest/meta-data/")
+    assert AgentTool.objects.get(pk=tool.pk).endpoint_url == "http://10.0.0.7/lookup"
+
+
 def test_a_tool_without_parameters_takes_no_arguments(workspace):
     tool = services.agent_tool_create(agent=AgentFactory.create(workspace=workspace), name="now")
 
