@@ -17,8 +17,8 @@ from agent_registry.models import Prompt
 from config.process_cache import TtlCache
 from routing import selectors, services
 from routing.models import ModelTarget, RoutingDecision
-from tracing.models import Trajectory
 from routing.tests.conftest import Gateway, gateway_agent
+from tracing.models import Trajectory
 
 pytestmark = pytest.mark.django_db
 
