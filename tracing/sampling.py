@@ -12,9 +12,12 @@ Keel draws samples the same ways on a team's own traffic, so the team can measur
 | `stratified_agent` | the budget split evenly across agents, random within each |
 | `stratified_score` | the budget split evenly across triage-score buckets (`SCORE_BUCKETS`), random within each |
 
-Signal-based sampling goes round-robin over the problem signals (a positive default weight): each
-turn takes, for the next signal, the best-scored trajectory carrying it that is not taken yet; so one
-noisy signal cannot fill the sample. Only trajectories where a problem signal fired are drawn.
+Signal-based sampling goes round-robin over the problem signals (a positive weight): each turn takes,
+for the next signal, the best-scored trajectory carrying it that is not taken yet; so one noisy signal
+cannot fill the sample. Only trajectories where a problem signal fired are drawn. A trajectory's problem
+signals are the ones its agent's triage settings weigh positively (`signals.DEFAULT_WEIGHTS` for the
+signals they leave out): an agent that sets a weight to 0 has that signal take no turns for its
+trajectories, one that gives a signal a positive weight has it sampled.
 
 The selectors hand these functions candidates already in the order that matters (random strategies:
 an order fixed by the sample's seed; `signal`: by triage score; `length`: by steps), so the choice
@@ -45,10 +48,18 @@ SCORE_BUCKETS: Final[tuple[tuple[str, float], ...]] = (
     ("high", 0.5),
     ("very_high", 0.75),
 )
-# Signals that mark a problem (a positive default weight): the ones signal-based sampling rotates over.
-PROBLEM_SIGNALS: Final[frozenset[str]] = frozenset(
-    name for name, weight in signals.DEFAULT_WEIGHTS.items() if weight > 0
-)
+
+
+def problem_signals(weights: Mapping[str, float] | None = None) -> frozenset[str]:
+    """The signals that mark a problem under an agent's `weights` (signal -> weight, as its triage
+    settings store them; signals left out take `signals.DEFAULT_WEIGHTS`): those weighted positively."""
+    merged = {**signals.DEFAULT_WEIGHTS, **(weights or {})}
+    return frozenset(name for name, weight in merged.items() if name in signals.SIGNAL_CATEGORIES and weight > 0)
+
+
+# Signals that mark a problem under the default weights: the ones signal-based sampling rotates over for an
+# agent that sets no weights.
+PROBLEM_SIGNALS: Final[frozenset[str]] = problem_signals()
 
 
 def score_bucket(score: float) -> int:
@@ -72,12 +83,18 @@ class Candidate(NamedTuple):
     step_count: int
 
 
-def _signal_based(candidates: Sequence[Candidate], budget: int) -> list[Candidate]:
+def _signal_based(
+    candidates: Sequence[Candidate], budget: int, weights: Mapping[int, Mapping[str, float]]
+) -> list[Candidate]:
     """Round-robin over the problem signals, each turn the best candidate carrying that signal."""
+    problems: dict[int | None, frozenset[str]] = {}
     by_signal: dict[str, list[Candidate]] = {}
     for candidate in sorted(candidates, key=lambda c: (-c.triage_score, c.trajectory_id)):
+        agent_id = candidate.agent_id
+        if agent_id not in problems:
+            problems[agent_id] = problem_signals(weights.get(agent_id)) if agent_id is not None else PROBLEM_SIGNALS
         for name in candidate.signal_names:
-            if name in PROBLEM_SIGNALS:
+            if name in problems[agent_id]:
                 by_signal.setdefault(name, []).append(candidate)
     # The signal whose best candidate scores highest goes first; ties by name, so the order is stable.
     order = sorted(by_signal, key=lambda name: (-by_signal[name][0].triage_score, name))
@@ -151,14 +168,24 @@ def _stratified(
     return sorted(chosen, key=lambda c: (ranks[c.trajectory_id], position[c.trajectory_id]))
 
 
-def sample_select(strategy: str, candidates: Sequence[Candidate], budget: int) -> list[Candidate]:
-    """Pick at most `budget` distinct candidates by `strategy`, in review order."""
+def sample_select(
+    strategy: str,
+    candidates: Sequence[Candidate],
+    budget: int,
+    *,
+    weights: Mapping[int, Mapping[str, float]] | None = None,
+) -> list[Candidate]:
+    """Pick at most `budget` distinct candidates by `strategy`, in review order.
+
+    `weights`: agent id -> the signal weights its triage settings set, which decide the problem signals
+    of its trajectories (`problem_signals`); agents left out, and trajectories of no agent, take the defaults.
+    """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}")
     if budget <= 0:
         return []
     if strategy == "signal":
-        return _signal_based(candidates, budget)
+        return _signal_based(candidates, budget, weights or {})
     if strategy in ("random", "length"):
         return _in_order(candidates, budget)
     if strategy == "stratified_agent":

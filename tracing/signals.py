@@ -33,6 +33,14 @@ Rules worth knowing:
 - Giving up and negative stance are read only in user turns after the agent's first turn: an opening
   "please cancel my account" is the task and "the app doesn't work" the problem, not disengagement.
   Corrections, rephrases and satisfaction are read after the agent's first turn too.
+- `disengagement/unanswered_question` is the user's question that the agent never answers: the finished
+  trajectory ends on it, after the agent worked on it or with no model call reading it (a run stopped by a
+  limit is `exhaustion` instead; a hand-off is an answer). A trajectory that ends on the agent's question
+  ("Which booking do you mean?") is not flagged: asking is a normal turn, and a team that traces one
+  request per trace gets the user's answer in the session's next trajectory.
+- A tool result is a failure by its structure: an error status, flag, code or field, or a text that is an
+  error message (its first line opens like one, or its last line is how a failing program ends). Error
+  words or an HTTP status inside prose ("HTTP 404 means the resource was not found") are not a failure.
 - A system message after the user has spoken opens another model call's context (a chain step, a
   sub-agent); the "user" messages given to it are the orchestrator's, not the user's, and are not read.
 - Phrase lists live in one place, `ENGLISH_PHRASES`; an agent can replace them or add languages
@@ -174,7 +182,9 @@ class PhraseLists:
     confirmation: tuple[str, ...]
     success: tuple[str, ...]
     # Assistant turns.
-    closing_question: tuple[str, ...]  # "anything else?" ends a task, it does not leave one open
+    # "anything else?" ends a task. No detector reads it since an answer ending on the agent's question is
+    # no signal; kept so that stored settings that change it still apply.
+    closing_question: tuple[str, ...]
     error_report: tuple[str, ...]  # the assistant telling the user something failed
     handoff: tuple[str, ...]  # the assistant announcing a transfer to a person
     acknowledgement: tuple[str, ...]  # words that show the assistant noticed an error
@@ -679,36 +689,9 @@ def _snippet(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-@lru_cache(maxsize=256)
-def _phrase_index(phrases: tuple[str, ...]) -> dict[str, tuple[list[str], ...]]:
-    """First word -> the phrases (as word lists) that start with it, longest first."""
-    index: dict[str, list[list[str]]] = {}
-    for phrase in phrases:
-        words = _normalize(phrase).split()
-        if words:
-            index.setdefault(words[0], []).append(words)
-    return {first: tuple(sorted(group, key=len, reverse=True)) for first, group in index.items()}
-
-
 @lru_cache(maxsize=4096)
 def _split(normalized_text: str) -> list[str]:
     return normalized_text.split()
-
-
-def _match(phrases: tuple[str, ...], normalized_text: str) -> str | None:
-    """The leftmost phrase found as whole words (the longest at that position), else None.
-
-    A word index instead of one big regular expression: about ten times faster on chat turns.
-    """
-    index = _phrase_index(phrases)
-    words = _split(normalized_text)
-    for position, word in enumerate(words):
-        candidates = index.get(word)
-        if candidates is not None:
-            for candidate in candidates:
-                if words[position : position + len(candidate)] == candidate:
-                    return " ".join(candidate)
-    return None
 
 
 _CombinedIndex = dict[str, tuple[tuple[list[str], str], ...]]
@@ -869,19 +852,54 @@ _TERMINATION_KEYS: Final = (
 )
 _EMPTY_ERROR_TEXTS: Final = frozenset(("", "none", "null", "false", "0", "ok", "no", "n/a"))
 
-_ERROR_HEAD: Final = re.compile(
-    r"\A\s*(?:traceback \(most recent call last\)|(?:error|fatal|exception|failed)\b[:!\s])"
-    r"|\btraceback \(most recent call last\)",
-    re.IGNORECASE,
+# A text result failed when it *is* an error message: its first line opens like one, or its last line is how
+# a failing program ends. An HTTP status or an error word inside prose is not enough: a documentation search
+# that answers "HTTP 404 means the resource was not found" succeeded.
+_HTTP_REASONS: Final = (
+    r"bad request|unauthori[sz]ed|payment required|forbidden|not found|method not allowed|not acceptable"
+    r"|request timeout|conflict|gone|payload too large|unprocessable (?:entity|content)|too many requests"
+    r"|internal server error|not implemented|bad gateway|service unavailable|gateway timeout"
+    r"|(?:client|server) error"
 )
-_ERROR_ANYWHERE: Final = re.compile(
-    r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Fault): "
-    r"|\bexit(?:ed)? (?:with )?(?:code|status) [1-9]\d*"
-    r"|\bcommand not found\b|\bno such file or directory\b|\bpermission denied\b"
-    r"|\bHTTP(?:/\d(?:\.\d)?)? [45]\d\d\b|\bstatus(?: code)?[:=]? [45]\d\d\b"
-    r"|\bunknown (?:tool|function)\b|\binvalid (?:argument|parameter)s?\b|\bsegmentation fault\b",
-    re.MULTILINE,
+# What may follow an HTTP status that a line reports, rather than explains ("HTTP 404 means ..."): nothing,
+# punctuation, a reason phrase or a capitalised word.
+_STATUS_REPORTED: Final = r"(?=\s*(?:$|[:,.;\-\u2013]|(?i:" + _HTTP_REASONS + r")\b|[A-Z]))"
+_ERROR_OPENING: Final = re.compile(
+    "|".join(
+        (
+            r"(?i:traceback \(most recent call last\)|exception in thread\b)",
+            r"(?i:error|fatal|exception|panic|failed|failure)(?:\s*[:!]|\s+[-\u2013]\s)",  # "Error: ...", "fatal: ..."
+            r"(?i:error|failed|failure) (?:to|while|when|in|on|during)\b",  # "Failed to connect to db:5432"
+            r"(?:ERROR|FATAL)(?=\s*[\d\[(:])",  # "ERROR 2003 (HY000): Can't connect"
+            r"(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Fault)(?::|\s*$)",  # "ValueError: ...", "a.b.HTTPError: ..."
+            r"(?i:HTTP(?:/\d(?:\.\d)?)?(?: error)?:? ?)[45]\d\d\b" + _STATUS_REPORTED,  # "HTTP/1.1 404 Not Found"
+            r"(?i:(?:http )?status(?: code)?\s*[:=]?\s*)[45]\d\d\b" + _STATUS_REPORTED,  # "Status: 503"
+            r"[45]\d\d\b\s*[:\-]?\s*(?i:" + _HTTP_REASONS + r")\b",  # "404 Not Found", "500 Server Error: ..."
+            r"(?i:(?:request )?failed with (?:http )?(?:status(?: code)?|error) [45]\d\d\b)",
+            # "Unknown tool: drop_table", "Permission denied (publickey)."; not "Permission denied errors mean ..."
+            r"(?i:unknown (?:tool|function)|invalid (?:argument|parameter)s?|segmentation fault|permission denied"
+            r"|command not found)(?=\s*(?:$|[:'\"`(,.;!\-]))",
+        )
+    )
 )
+_ERROR_CLOSING: Final = re.compile(
+    r"(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Fault)(?::|\s*$)"  # a traceback's last line
+    r"|(?i:(?:error|fatal|panic)\s*[:!])"
+    r"|(?i:\S+: .*(?:command not found|no such file or directory|permission denied)\s*$)"  # "bash: x: ..."
+    r"|(?i:.*\bexit(?:ed)? (?:with )?(?:code|status) [1-9]\d*\W*$)"
+    r"|(?i:segmentation fault)\b"
+)
+
+
+def _text_error(text: str) -> bool:
+    """Whether a text result is an error message (see `_ERROR_OPENING` and `_ERROR_CLOSING`)."""
+    head = text[:300].lstrip()
+    first_line = head.split("\n", 1)[0].strip()
+    if first_line and _ERROR_OPENING.match(first_line):
+        return True
+    last_line = text[-300:].rstrip().rsplit("\n", 1)[-1].strip()
+    return bool(last_line) and _ERROR_CLOSING.match(last_line) is not None
+
 
 # (kind, words one of which must be in the lower-cased text, pattern). The words are a cheap gate:
 # substring tests run at C speed, the alternations of the patterns do not.
@@ -1007,12 +1025,6 @@ def _dict_error(result: Mapping[str, Any], depth: int = 0) -> tuple[str, str] | 
             if found is not None:
                 return found
     return None
-
-
-def _text_error(text: str) -> bool:
-    head = text[:300]
-    tail = text[-300:] if len(text) > 300 else ""
-    return bool(_ERROR_HEAD.search(head) or _ERROR_ANYWHERE.search(head) or (tail and _ERROR_ANYWHERE.search(tail)))
 
 
 def tool_result_shape(result: Any, *, max_keys: int = 100) -> dict[str, str]:
@@ -1900,12 +1912,13 @@ def _silent_ending(analysis: _Analysis) -> list[SignalInstance]:
     if analysis.view.status == "running" or not analysis.user_turns:
         return []
     dialogue = analysis.dialogue
-    if not dialogue or dialogue[-1].role != "assistant":
+    if not dialogue:
         return []
     last = dialogue[-1]
+    if last.role == "user":
+        return _unanswered_question(analysis, last)
     if _handoff_announced(analysis, last) or any(call.is_handoff for call in analysis.calls):
         return []
-    phrases = analysis.phrases
     if analysis.found(last, "error_report") is not None or (
         analysis.calls and analysis.calls[-1].error_kind is not None and not _recovered_after_last_error(analysis)
     ):
@@ -1919,19 +1932,51 @@ def _silent_ending(analysis: _Analysis) -> list[SignalInstance]:
                 "The conversation ends right after the agent reports a failure; the user does not come back.",
             )
         ]
-    closing_sentence = last.text.rstrip()[-200:]
-    if closing_sentence.endswith("?") and _match(phrases.closing_question, _normalize(closing_sentence)) is None:
-        return [
-            analysis.instance(
-                "disengagement",
-                "unanswered_question",
-                0.5,
-                [last.step_index],
-                [closing_sentence],
-                "The conversation ends on a question from the agent that the user never answers.",
-            )
-        ]
+    # Ending on the agent's own question ("Which booking do you mean?") is not read as the user leaving:
+    # a team that traces one request per trace gets the answer in the session's next trajectory, and a
+    # clarifying question is a normal turn either way.
     return []
+
+
+def _unanswered_question(analysis: _Analysis, last: _Turn) -> list[SignalInstance]:
+    """The user's last turn is a question and the trajectory, finished, holds no answer to it: the agent
+    worked on it (an LLM call after it asked for tools, or failed) and stopped, or it came after the
+    agent's last answer and no model call read it. Not when the question went to a person or the run
+    reached a limit."""
+    question = last.text.rstrip()[-200:]
+    if not question.endswith("?") or last.step_index is None:
+        return []
+    steps = analysis.view.steps
+    later = steps[last.step_index + 1 :]
+    if any(call.is_handoff and call.step_index > last.step_index for call in analysis.calls):
+        return []
+    if analysis.exhaustion_hits:
+        # A limit stopped the run before it could answer: that is `exhaustion`, as its errors are.
+        return []
+    # An LLM call whose output was not recorded may have answered: only a recorded output or an error counts.
+    worked = any(
+        step.kind == "llm_call" and (isinstance(step.output_message, dict) or step.status == "error") for step in later
+    )
+    # A dialogue read from an agent span alone may keep the answer outside its message list: only a
+    # message step, past the agent's answers, shows a question nothing read.
+    unread = (
+        last.step_index < len(steps)
+        and steps[last.step_index].kind == "message"
+        and any(turn.role == "assistant" for turn in analysis.dialogue)
+        and not any(step.kind == "llm_call" for step in later)
+    )
+    if not worked and not unread:
+        return []
+    return [
+        analysis.instance(
+            "disengagement",
+            "unanswered_question",
+            0.6,
+            [last.step_index],
+            [question],
+            "The trajectory ends on a question from the user that the agent never answers.",
+        )
+    ]
 
 
 def _recovered_after_last_error(analysis: _Analysis) -> bool:

@@ -226,6 +226,16 @@ def _candidates(found: QuerySet[Trajectory], strategy: str, budget: int, seed: s
     ]
 
 
+def _agent_weights(candidates: Sequence[sampling.Candidate]) -> dict[int, Mapping[str, float]]:
+    """The signal weights that the triage settings of the candidates' agents set (agents that set none
+    are left out): signal-based sampling rotates over the signals each agent weighs positively."""
+    agent_ids = {candidate.agent_id for candidate in candidates if candidate.agent_id is not None}
+    if not agent_ids:
+        return {}
+    rows = TriageSettings.objects.filter(agent_id__in=agent_ids).exclude(weights={}).values_list("agent_id", "weights")
+    return {agent_id: weights for agent_id, weights in rows if isinstance(weights, dict)}
+
+
 def review_sample_create(
     *,
     workspace: Workspace,
@@ -286,7 +296,9 @@ def review_sample_create(
                 sample__workspace=workspace, sample__agent=agent, sample__strategy=strategy
             ).exclude(sample=sample)
             found = found.exclude(pk__in=queue.values("trajectory_id"))
-        chosen = sampling.sample_select(strategy, _candidates(found, strategy, budget, sample.seed), budget)
+        candidates = _candidates(found, strategy, budget, sample.seed)
+        weights = _agent_weights(candidates) if strategy == ReviewStrategy.SIGNAL else {}
+        chosen = sampling.sample_select(strategy, candidates, budget, weights=weights)
         ReviewItem.objects.bulk_create(
             ReviewItem(
                 sample=sample,

@@ -130,6 +130,11 @@ class Run:
         self._chat(None, error=message)
         return self
 
+    def unrecorded(self) -> Run:
+        """An LLM call whose output the instrumentation did not record."""
+        self._chat(None)
+        return self
+
     def call(self, name: str, arguments: Any, result: Any, *, error: str | None = None) -> Run:
         self.calls += 1
         call_id = f"call_{self.calls}"
@@ -430,14 +435,64 @@ def test_thanks_with_exclamation_marks_is_not_negative() -> None:
     assert only(report, "disengagement") == []
 
 
-def test_ending_on_the_agents_open_question_is_disengagement() -> None:
-    report = Run().user("Refund my ride to the airport.").say("I see two airport rides. Which one was it?").report()
+def test_a_trajectory_ending_on_the_agents_clarifying_question_is_not_disengagement() -> None:
+    """One trace per request: the agent asks, and the user's answer opens the session's next trajectory."""
+    question = "I see two bookings, Paris on May 3 and Rome on May 9. Which booking do you mean?"
+    first = Run().user("Cancel my booking.").say(question)
+    assert only(first.report(), "disengagement") == []
+    # The next request of the session: its LLM call reads the history, the user's answer and replies.
+    second = Run()
+    second.history = [*first.history]
+    second.user("The Paris one.").say("Done: your Paris booking on May 3 is cancelled.")
+    assert only(second.report(), "disengagement") == []
+
+
+ASKED = "Where is the refund for ride R-1?"
+
+
+@pytest.mark.parametrize(
+    ("run", "only_the_agent_span_holds_it", "step", "question"),
+    [
+        # The agent looked the ride up and stopped without a word.
+        (
+            Run().user(ASKED).call("get_ride", {"ride_id": "R-1"}, {"ride_id": "R-1", "state": "refunded"}),
+            False,
+            1,
+            ASKED,
+        ),
+        # The model call that should have answered failed.
+        (Run().user(ASKED).llm_error("upstream connect error"), False, 1, ASKED),
+        # A question after the agent's answer that no model call read.
+        (
+            Run().user("Refund ride R-1.").say("Refunded $5.").user("When is it on my card?"),
+            True,
+            3,
+            "When is it on my card?",
+        ),
+    ],
+)
+def test_a_users_question_the_agent_never_answers_is_unanswered_question(
+    run: Run, only_the_agent_span_holds_it: bool, step: int, question: str
+) -> None:
+    report = run.report(root_input=run.history) if only_the_agent_span_holds_it else run.report()
     (instance,) = only(report, "disengagement")
-    assert (instance.kind, instance.step_indices, instance.snippets) == (
-        "unanswered_question",
-        (2,),
-        ("I see two airport rides. Which one was it?",),
+    assert (instance.kind, instance.step_indices, instance.severity) == ("unanswered_question", (step,), 0.6)
+    assert instance.snippets == (question,)
+
+
+def test_a_users_question_that_was_answered_handed_off_or_unrecorded_is_not_unanswered() -> None:
+    answered = Run().user(ASKED).say("It reached your card on Monday.")
+    handed_off = Run().user(ASKED).call("transfer_to_human", {"reason": "refund"}, None)
+    # The instrumentation did not record the output: the agent may well have answered.
+    unrecorded = Run().user(ASKED).unrecorded()
+    not_a_question = Run().user("Refund ride R-1.").call("get_ride", {"ride_id": "R-1"}, {"state": "completed"})
+    for run in (answered, handed_off, unrecorded, not_a_question):
+        assert only(run.report(), "disengagement") == []
+    # Stopped by its step limit before it could answer: exhaustion says so, not disengagement.
+    stopped = (
+        Run().user(ASKED).call("get_ride", {"ride_id": "R-1"}, {"state": "refunded"}).report(SignalConfig(max_steps=1))
     )
+    assert (only(stopped, "disengagement"), [i.kind for i in only(stopped, "exhaustion")]) == ([], ["max_steps"])
 
 
 def test_ending_on_a_closing_question_is_not_disengagement() -> None:
@@ -502,6 +557,13 @@ def test_thanks_before_the_agent_spoke_is_not_satisfaction() -> None:
         ("Traceback (most recent call last):\n  File 'x.py'\nKeyError: 'ride'", "exception_text", "Traceback"),
         ("Error: ride R-1 is locked", "exception_text", "Error: ride R-1 is locked"),
         ("loading rides\n" + "ok\n" * 500 + "psycopg.OperationalError: connection lost", "exception_text", "loading"),
+        ("HTTP/1.1 404 Not Found", "exception_text", "HTTP/1.1 404"),
+        ("HTTP Error 502: Bad Gateway", "exception_text", "HTTP Error 502"),
+        ("503 Server Error: Service Unavailable for url: https://rides/R-1", "exception_text", "503 Server"),
+        ("Request failed with status code 500", "exception_text", "Request failed"),
+        ("Failed to connect to rides-db:5432", "exception_text", "Failed to"),
+        ("bash: rides: command not found", "exception_text", "bash: rides"),
+        ("Unknown tool: drop_table", "exception_text", "Unknown tool"),
     ],
 )
 def test_tool_errors_in_any_shape_are_failures(result: Any, kind: str, snippet: str) -> None:
@@ -537,6 +599,12 @@ def test_an_llm_call_in_error_is_a_failure_of_that_step() -> None:
         "2026-01-03 INFO build finished, no errors found\nerror_rate: 0.01\n0 errors",
         "def load(x):\n    try:\n        return parse(x)\n    except ValueError:\n        return None\n",
         {"rides": [{"ride_id": "R-1", "error_margin": 0.2, "status": "completed"}] * 200},
+        # A documentation search: prose about HTTP statuses and errors, not a failed call.
+        "HTTP 404 means the resource was not found.",
+        "Status codes\n\nA lookup of a ride that does not exist returns HTTP 404. While the service restarts,\n"
+        "expect status 503 and retry. Permission denied errors mean the key lacks the rides:read scope.",
+        "A ride that changed since it was read returns status code 409; read it again.",
+        "Error handling: wrap calls in try/except and log the HTTP 500 response body.",
     ],
 )
 def test_benign_error_words_and_successful_results_are_not_failures(result: Any) -> None:

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from agent_registry.tests.factories import AgentFactory
 from tracing import exceptions, triage
-from tracing.models import ReviewItem, ReviewSample, TriageSettings
+from tracing.models import ReviewItem, ReviewSample, Trajectory, TriageSettings
 from tracing.tests.factories import TrajectoryFactory, signal_instance
 
 pytestmark = pytest.mark.django_db
@@ -66,6 +66,36 @@ def test_signal_sampling_takes_turns_across_signals(workspace, agents):
     assert items[0].triage_score == 0.8
     assert items[0].signal_names == ["exhaustion"]
     assert sample.source == "manual"
+
+
+def test_signal_sampling_follows_the_agents_own_weights(workspace, agents):
+    ride, shopping = agents
+    limited = [
+        TrajectoryFactory.create(
+            workspace=workspace,
+            agent=ride,
+            signals=[signal_instance("exhaustion"), signal_instance("stagnation")],
+            triage_score=0.45,
+            started_at=NOW - timedelta(hours=1, minutes=index),
+        )
+        for index in range(10)
+    ]
+    _traffic(workspace, ride, 10, signal="loop", score=0.36)
+    satisfied = _traffic(workspace, shopping, 3, signal="satisfaction", score=0.3)
+
+    _, before = _draw(workspace, "signal", budget=6, agent=ride)
+    # Rate limits are noise to this team; a satisfied shopper is worth a look to the other one.
+    triage.triage_settings_update(agent=ride, weights={"exhaustion": 0.0})
+    triage.triage_settings_update(agent=shopping, weights={"satisfaction": 0.5})
+    # What the recompute the save queues does to the scores: exhaustion no longer counts.
+    Trajectory.objects.filter(pk__in=[t.pk for t in limited]).update(triage_score=0.24)
+    _, after = _draw(workspace, "signal", budget=6, agent=ride, allow_repeats=True)
+    _, workspace_wide = _draw(workspace, "signal", budget=12)
+
+    # Exhaustion and stagnation each took a turn for the limited runs; now only stagnation does.
+    assert sum(1 for item in before if item.trajectory_id in {t.pk for t in limited}) == 4
+    assert sum(1 for item in after if item.trajectory_id in {t.pk for t in limited}) == 3
+    assert {t.pk for t in satisfied} <= {item.trajectory_id for item in workspace_wide}
 
 
 def test_length_sampling_takes_the_longest(workspace, agents):

@@ -74,6 +74,27 @@ def test_signal_sampling_takes_turns_between_signals_best_score_first():
     assert [c.trajectory_id for c in chosen] == [1, 100, 101, 2, 3, 4]
 
 
+def test_signal_sampling_rotates_over_the_signals_each_agents_weights_make_problems():
+    limited = [Candidate(i, 1, 0.6, ("exhaustion", "stagnation"), 5) for i in range(1, 11)]
+    loops = [Candidate(i, 1, 0.5, ("loop",), 5) for i in range(20, 30)]
+    satisfied = Candidate(40, 2, 0.3, ("satisfaction",), 5)
+
+    def drawn(weights=None):
+        chosen = sampling.sample_select("signal", [*limited, *loops, satisfied], 7, weights=weights)
+        return [candidate.trajectory_id for candidate in chosen]
+
+    # Defaults: exhaustion and stagnation each take a turn for the limited runs; satisfaction is no problem.
+    assert drawn() == [1, 2, 20, 3, 4, 21, 5]
+    # Agent 1 weighs exhaustion 0: only stagnation takes turns for its limited runs.
+    assert drawn({1: {"exhaustion": 0.0}}) == [1, 20, 2, 21, 3, 22, 4]
+    # Agent 2 weighs satisfaction positively: its satisfied run is drawn; agent 1's weights do not reach it.
+    assert 40 in drawn({2: {"satisfaction": 0.5}})
+    assert 40 not in drawn({1: {"satisfaction": 0.5}})
+    assert sampling.problem_signals({"exhaustion": 0.0, "satisfaction": 0.5}) == (
+        sampling.PROBLEM_SIGNALS - {"exhaustion"}
+    ) | {"satisfaction"}
+
+
 def test_length_and_random_keep_the_order_the_selector_gave():
     candidates = [Candidate(i, 1, 0.0, (), 50 - i) for i in range(1, 10)]
 
