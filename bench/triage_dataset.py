@@ -17,9 +17,10 @@ Each trajectory is built as OpenTelemetry GenAI spans (an `invoke_agent` root, `
 
 Labels per trajectory: `signals`, the signals truly present, and `problematic`, whether a reviewer
 should look at it. Successful, politely corrected-nothing, correctly escalated and noisy-but-fine
-trajectories are not problematic; hard negatives (a user who asks for a person up front, a recovered
-rate limit, a handled "not found", an error hint the agent rightly follows) carry their true signals
-but are not problematic either.
+trajectories are not problematic, and neither is a run that ends on the agent's clarifying question (traced
+one request per trace, the user's answer opens the session's next trajectory); hard negatives (a user who
+asks for a person up front, a recovered rate limit, a handled "not found", an error hint the agent rightly
+follows) carry their true signals but are not problematic either.
 """
 
 from __future__ import annotations
@@ -275,6 +276,7 @@ class Task:
     question: str  # a clarifying question the agent may ask mid-task
     question_reply: str  # the user's answer to it
     followup: str  # a new, related request
+    followup_question: str  # the same follow-up as the user may ask it, as a question
     followup_plan: tuple[ToolStep, ...]
     followup_answer: str
     explore: tuple[ToolStep, ...]  # legitimate calls of plan[0]'s tool with different arguments
@@ -421,6 +423,7 @@ def _ride_refund_task(rng: random.Random) -> Task:
         question=f"I can see two trips to {place} yesterday, one at 8:10 and one at 18:45. Which one was overcharged?",
         question_reply="The evening one, at 18:45.",
         followup=f"Also, could you check the fare for my ride to {third} last week?",
+        followup_question=f"Was my ride to {third} last week charged correctly, or was that one overcharged too?",
         followup_plan=(ToolStep("get_ride", {"ride_id": later["ride_id"]}, later),),
         followup_answer=f"Your ride to {third} last week cost ${later['fare']}, which matches its quote, so "
         "there is nothing to refund there.",
@@ -480,6 +483,7 @@ def _ride_lost_item_task(rng: random.Random) -> Task:
         question=f"I can see two rides this morning. Was the {item} in the car to {place} or to {other_place}?",
         question_reply=f"The one to {place}.",
         followup=f"What about my ride to {third} yesterday, can you tell me the fare?",
+        followup_question=f"And how much did my ride to {third} yesterday cost?",
         followup_plan=(ToolStep("get_ride", {"ride_id": ride["ride_id"]}, {**ride, "dropoff": third}),),
         followup_answer=f"Your ride to {third} yesterday cost ${ride['fare']}.",
         explore=tuple(
@@ -672,6 +676,7 @@ def _shop_buy_task(rng: random.Random) -> Task:
         "would you prefer?",
         question_reply="The cushioned one.",
         followup=f"Also, can you find matching {color} socks in size {size}?",
+        followup_question=f"Do you have matching {color} socks in size {size} as well?",
         followup_plan=(
             ToolStep("search_products", {"query": f"{color} socks", "size": size}, {"results": [extra], "total": 1}),
         ),
@@ -729,6 +734,7 @@ def _shop_tracking_task(rng: random.Random) -> Task:
         question=f"Order {order_id} was split into two parcels. Would you like me to track both?",
         question_reply="Yes please, both of them.",
         followup=f"What about the return label for order {other_order}?",
+        followup_question=f"Has the return label for order {other_order} been sent yet?",
         followup_plan=(
             ToolStep(
                 "get_order",
@@ -900,6 +906,7 @@ def _code_fix_task(rng: random.Random) -> Task:
         question=f"Should {function} raise a clearer error instead of using a default when {key} is missing?",
         question_reply="Use a default.",
         followup=f"Now add a test for the default value in {test_path}.",
+        followup_question=f"Could you also add a test for the default value in {test_path}?",
         followup_plan=(
             ToolStep(
                 "write_file",
@@ -955,6 +962,7 @@ def _code_feature_task(rng: random.Random) -> Task:
         question=f"Should {flag} be available on every subcommand, or only on the export subcommand?",
         question_reply="Every subcommand.",
         followup=f"Also document {flag} in the README.",
+        followup_question=f"Can you document {flag} in the README too?",
         followup_plan=(
             ToolStep("write_file", {"path": "README.md", "content": f"... {flag} ..."}, {"path": "README.md"}),
         ),
@@ -1141,6 +1149,7 @@ def _travel_flight_task(rng: random.Random) -> Task:
         "Which do you prefer?",
         question_reply="The nonstop.",
         followup=f"Next, find me a hotel in {destination} for three nights from {date}.",
+        followup_question=f"Could you also find me a hotel in {destination} for three nights from {date}?",
         followup_plan=(
             ToolStep(
                 "search_hotels",
@@ -1208,6 +1217,7 @@ def _travel_hotel_task(rng: random.Random) -> Task:
         question=f"Breakfast at the {hotel['name']} adds $18 a night. Do you want it included?",
         question_reply="No breakfast.",
         followup=f"What about a rental car in {city} for the same dates?",
+        followup_question=f"Is there a rental car I could get in {city} for the same dates?",
         followup_plan=(
             ToolStep(
                 "search_hotels",
@@ -1384,6 +1394,7 @@ def _data_sales_task(rng: random.Random) -> Task:
         question=f"Should {metric} include refunded orders, or only completed ones?",
         question_reply="Only completed ones.",
         followup=f"Now show me {metric} by region for {other_year}.",
+        followup_question=f"What were {metric} by region in {other_year}?",
         followup_plan=(
             ToolStep("run_sql", {"query": other_query}, {"columns": ["region", "sum"], "rows": rows, "row_count": 4}),
         ),
@@ -1450,6 +1461,7 @@ def _data_signup_task(rng: random.Random) -> Task:
         question="Should trial accounts count as new customers?",
         question_reply="No, paying customers only.",
         followup=f"Also break down the {year} signups by plan.",
+        followup_question=f"How do the {year} signups break down by plan?",
         followup_plan=(
             ToolStep(
                 "run_sql",
@@ -1890,13 +1902,53 @@ def _handoff_field(scenario: Scenario, name: str) -> str:
     return "reason"
 
 
+# Provider errors that are no limit (a limit would be `exhaustion`): the call fails, and the run with it.
+_MODEL_ERRORS = (
+    (
+        "Error code: 500 - {'error': {'message': 'The server had an error while processing your request. "
+        "Sorry about that!', 'type': 'server_error'}}",
+        "InternalServerError",
+    ),
+    ("Connection error.", "APIConnectionError"),
+)
+
+
 def recipe_unanswered_question(scenario: Scenario, rng: random.Random, number: int) -> Outcome:
+    """The user asks a follow-up question, the agent starts on it and the run dies before any answer.
+
+    The failure that ends the run is an exception that nothing catches: the model call that would write
+    the answer fails (before or after the lookups), or a tool raises; the agent span ends in that error.
+    """
+    task = _task(scenario, rng)
+    trace = TraceBuilder(scenario, number)
+    trace.user(task.request)
+    _run_plan(trace, rng, task.plan)
+    trace.say(task.answer + (" " + _pick(rng, _CLOSINGS) if rng.random() < 0.3 else ""))
+    trace.user(task.followup_question)
+    ending = rng.random()
+    if ending < 0.3:
+        step = task.followup_plan[0]
+        error = f"{step.name} raised: {_pick(rng, _ERROR_DETAILS)}"
+        trace.call(replace(step, result=None, error=error), narration=_narrate(rng))
+    else:
+        if ending < 0.8:
+            _run_plan(trace, rng, task.followup_plan)
+        error, error_type = _MODEL_ERRORS[rng.randrange(len(_MODEL_ERRORS))]
+        trace.llm_error(error, error_type)
+    return Outcome(trace.view(root_error=error), _labels("failure", "disengagement"), True)
+
+
+def recipe_clarifying_question(scenario: Scenario, rng: random.Random, number: int) -> Outcome:
+    """The agent needs a detail and asks for it, and the trajectory ends on the question: nothing to fix.
+
+    Traced one request per trace, the user's answer opens the session's next trajectory.
+    """
     task = _task(scenario, rng)
     trace = TraceBuilder(scenario, number)
     trace.user(task.request)
     trace.call(task.plan[0], narration=_narrate(rng))
     trace.say(task.question)
-    return Outcome(trace.view(), _labels("disengagement"), True)
+    return Outcome(trace.view(), _labels(), False)
 
 
 def recipe_failure_recovered(scenario: Scenario, rng: random.Random, number: int) -> Outcome:
@@ -2338,6 +2390,7 @@ def recipe_api_addition(scenario: Scenario, rng: random.Random, number: int) -> 
 RECIPES: tuple[tuple[Recipe, int], ...] = (
     (recipe_success, 6),
     (recipe_clarified_success, 2),
+    (recipe_clarifying_question, 2),
     (recipe_long_success, 4),
     (recipe_follow_up_requests, 2),
     (recipe_noisy_output, 3),
