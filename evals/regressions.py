@@ -2,12 +2,13 @@
 
 When a label that a suite targets moves to a new version (`production` by default), the suite runs on
 the new version, with the previous version's latest completed run as its baseline (or a fresh baseline
-run when there is none; a failed run, every item of which errored, is never a baseline). Once both are
-done, each committed metric (an evaluator named like a metric of the agent's evaluation commitment; every
-evaluator when the agent has no commitment) is compared item by item. A metric is a regression when the
-new version is worse with confidence (the bootstrap interval of the mean delta lies below zero, or the
-sign-flip test gives p ≤ `SIGNIFICANCE`), or when it falls short of the commitment's target that the old
-version met. A new version whose run failed (every item errored) is a regression of its own.
+run when there is none; a failed run, every item or every score of which errored, is never a baseline).
+Once both are done, each committed metric (an evaluator named like a metric of the agent's evaluation
+commitment; every evaluator when the agent has no commitment) is compared item by item. A metric is a
+regression when the new version is worse with confidence (the bootstrap interval of the mean delta lies
+below zero, or the sign-flip test gives p ≤ `SIGNIFICANCE`), or when it falls short of the commitment's
+target that the old version met. A new version whose run failed (every item or every score errored) is a
+regression of its own.
 """
 
 from __future__ import annotations
@@ -152,9 +153,9 @@ def _version_of(run: Run) -> str:
 
 def regression_check(*, candidate: Run) -> list[RegressionAlert]:
     """Compare a completed run with its completed baseline; one alert per committed metric that got worse.
-    A candidate that failed (every item errored) against a completed baseline is one alert, `run_failed`:
-    the new version answered nothing the suite could score, which no metric's delta would show. A failed
-    baseline measured nothing to compare with: no alert."""
+    A candidate that failed (every item or every score errored) against a completed baseline is one alert,
+    `run-failed`: the new version answered nothing the suite could score, which no metric's delta would
+    show. A failed baseline measured nothing to compare with: no alert."""
     baseline = candidate.baseline
     if candidate.suite is None or baseline is None or baseline.status != RunStatus.COMPLETED:
         return []

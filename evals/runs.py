@@ -15,8 +15,11 @@ prompt version a label pointed to, the evaluators' versions (`Run.evaluators`). 
   it after `PAUSE_SECONDS` (or someone resumes it by hand);
 - when no item is left the run is reported: per evaluator, mean, median, std, pass@k, majority@k,
   bootstrap intervals, and the same per subgroup (the items' `metadata.tags`) with the worst group;
-- a run every item of which errored is failed, its error naming the most common item error: it measured
-  nothing, so it is neither a point on a chart, nor a regression baseline, nor a candidate that passed.
+- a run every item of which errored is failed, its error naming the most common item error, and so is a
+  run whose items were answered but every score of which errored (each evaluator failed on each answer),
+  its error naming the first score error: it measured nothing, so it is neither a point on a chart, nor a
+  regression baseline, nor a candidate that passed. A run only some of whose scores errored completes; its
+  report counts them per evaluator (`errored` items, `errored_samples`).
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ from typing import Any
 
 import orjson
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, F, Min, Q
-from django.db.models.functions import Coalesce
+from django.db.models import Avg, Count, F, Min, Q, QuerySet
+from django.db.models.functions import Coalesce, Collate
 from django.utils import timezone
 
 from agent_registry import services as registry_services
@@ -669,12 +672,16 @@ def _finish_maybe(run: Run) -> None:
     report = run_report(run=run)
     errors = item_errors(run=run)
     errored = sum(error.items for error in errors)
-    # A run none of whose items could be answered measured nothing: it failed, and says why, rather than
-    # completing with an empty report that a chart, a comparison or a regression check would read as a result.
-    failed = run.item_count > 0 and errored >= run.item_count
+    # A run none of whose items could be answered, or whose answers no evaluator could score, measured
+    # nothing: it failed, and says why, rather than completing with an empty report that a chart, a
+    # comparison or a regression check would read as a result.
+    if run.item_count > 0 and errored >= run.item_count:
+        error = run_failure(item_count=run.item_count, errors=errors)
+    else:
+        error = score_failure(run=run)
     finished = Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
-        status=RunStatus.FAILED if failed else RunStatus.COMPLETED,
-        error=run_failure(item_count=run.item_count, errors=errors) if failed else "",
+        status=RunStatus.FAILED if error else RunStatus.COMPLETED,
+        error=error,
         report=report,
         finished_at=timezone.now(),
         claimed_at=None,
@@ -732,6 +739,27 @@ def run_failure(*, item_count: int, errors: Sequence[ItemError]) -> str:
         common = errors[0]
         text += f"; the most common error ({common.items} item{'s' if common.items != 1 else ''}): {common.example}"
     return text[:4000]
+
+
+def score_failure(*, run: Run) -> str:
+    """A finished run's error when it has scores and every one of them errored (its items were answered,
+    but no evaluator could judge any answer): how many, and the first error (by item, sample, then the
+    order the scores were stored in). Empty when some score was given. Counted in the database."""
+    scores = RunScore.objects.filter(sample__item__run=run, sample__error="")
+    counts = scores.aggregate(scores=Count("pk"), scored=Count("score"))
+    if not counts["scores"] or counts["scored"]:
+        return ""
+    first = (
+        scores.order_by("sample__item__position", "sample__sample", "pk")
+        .values_list("evaluator_name", "sample__item__position", "error")
+        .first()
+    )
+    assert first is not None  # there are scores
+    evaluator, position, text = first
+    return (
+        f"every score errored ({counts['scores']} of {counts['scores']}); "
+        f"the first error ({evaluator} on item {position}): {text or 'no score given'}"
+    )[:4000]
 
 
 def runs_sweep() -> list[int]:
@@ -828,11 +856,6 @@ def run_progress(*, run: Run) -> dict[str, Any]:
 def item_scores(*, run: Run, evaluator: str, keys: Collection[str] | None = None) -> dict[str, float | None]:
     """Item key -> the item's score for one evaluator (None when errored); only the items `keys` names, when given."""
     return metrics.item_scores(item_results(run=run, evaluator=evaluator, by_key=True, keys=keys))
-
-
-def item_positions(*, run: Run) -> dict[str, int]:
-    """Item key -> the item's position in the run."""
-    return dict(RunItem.objects.filter(run=run).values_list("key", "position"))
 
 
 def item_input_text(*, task: str, input_messages: Any) -> str:
@@ -977,33 +1000,101 @@ def runs_compare_pairwise(
     }
 
 
+def _items_by_key(baseline: Run, candidate: Run) -> QuerySet[Any, Mapping[str, Any]]:
+    """Both runs' items grouped on their key, one row per key, with `in_baseline`/`in_candidate`: 0 where
+    that run lacks the item."""
+    return (
+        RunItem.objects.filter(run__in=[baseline.pk, candidate.pk])
+        .values("key")
+        .annotate(
+            in_baseline=Count("pk", filter=Q(run=baseline.pk)), in_candidate=Count("pk", filter=Q(run=candidate.pk))
+        )
+        .order_by()
+    )
+
+
+def _scores_by_key(baseline: Run, candidate: Run, evaluator: str) -> QuerySet[Any, Mapping[str, Any]]:
+    """`_items_by_key` with each side's item score for the evaluator, as `item_scores` gives it: the mean
+    score of the item's answered samples, None when none was scored. Grouped in the database."""
+    scored = Q(samples__error="", samples__scores__evaluator_name=evaluator)
+    rows: QuerySet[Any, Mapping[str, Any]] = _items_by_key(baseline, candidate).annotate(
+        baseline_score=Avg("samples__scores__score", filter=scored & Q(run=baseline.pk)),
+        candidate_score=Avg("samples__scores__score", filter=scored & Q(run=candidate.pk)),
+    )
+    return rows
+
+
+def _paired_comparison(baseline: Run, candidate: Run, evaluator: str) -> metrics.PairedComparison:
+    """`metrics.paired_comparison` of the two runs' item scores for one evaluator, counted and averaged in
+    the database: two queries whatever the runs' sizes, and only the paired items' deltas come back, for
+    the bootstrap interval and the sign-flip test (in the order of their keys, as the metrics module
+    pairs them, so that the seeded draws give the same figures)."""
+    paired = Q(baseline_score__isnull=False, candidate_score__isnull=False)
+    delta = F("candidate_score") - F("baseline_score")
+    totals = _scores_by_key(baseline, candidate, evaluator).aggregate(
+        items=Count("key", filter=paired),
+        only_in_a=Count("key", filter=Q(in_candidate=0)),
+        only_in_b=Count("key", filter=Q(in_baseline=0)),
+        both=Count("key", filter=Q(in_baseline__gt=0, in_candidate__gt=0)),
+        mean_a=Avg("baseline_score", filter=paired),
+        mean_b=Avg("candidate_score", filter=paired),
+        mean_delta=Avg(delta, filter=paired),
+        improved=Count("key", filter=paired & Q(candidate_score__gt=F("baseline_score"))),
+        worsened=Count("key", filter=paired & Q(candidate_score__lt=F("baseline_score"))),
+    )
+    deltas: list[float] = list(
+        _scores_by_key(baseline, candidate, evaluator)
+        .filter(baseline_score__isnull=False, candidate_score__isnull=False)
+        .annotate(delta=delta)
+        # The metrics module sorts item ids as Python does: by code point, which is the "C" collation's order.
+        .order_by(Collate("key", "C"))
+        .values_list("delta", flat=True)
+    )
+    confidence = metrics.DEFAULT_CONFIDENCE
+    return metrics.PairedComparison(
+        items=totals["items"],
+        only_in_a=totals["only_in_a"],
+        only_in_b=totals["only_in_b"],
+        errored=totals["both"] - totals["items"],
+        mean_a=totals["mean_a"],
+        mean_b=totals["mean_b"],
+        mean_delta=totals["mean_delta"],
+        ci=metrics.bootstrap_ci(deltas, confidence=confidence) if deltas else None,
+        p_value=metrics.sign_flip_test(deltas) if deltas else None,
+        improved=totals["improved"],
+        worsened=totals["worsened"],
+        unchanged=totals["items"] - totals["improved"] - totals["worsened"],
+        confidence=confidence,
+    )
+
+
 def runs_compare(*, baseline: Run, candidate: Run, evaluators_named: Iterable[str] | None = None) -> dict[str, Any]:
     """Candidate against baseline on the items both ran, matched on the item's key (its identity across
     dataset versions, not its position): per evaluator, the paired comparison (delta, bootstrap interval,
-    sign-flip p-value); `items_only_in_baseline`/`items_only_in_candidate` count the items one run lacks."""
+    sign-flip p-value); `items_only_in_baseline`/`items_only_in_candidate` count the items one run lacks.
+    Counted and averaged in the database: the queries do not grow with the runs (one, and two per evaluator)."""
     names = list(evaluators_named or [])
     if not names:
         baseline_names = [data["name"] for data in baseline.evaluators]
         names = [data["name"] for data in candidate.evaluators if data["name"] in baseline_names]
-    comparisons: dict[str, Any] = {}
-    for name in names:
-        comparison = metrics.paired_comparison(
-            item_scores(run=baseline, evaluator=name), item_scores(run=candidate, evaluator=name)
-        )
-        comparisons[name] = comparison.as_json()
-    same_items = baseline.dataset_version_id == candidate.dataset_version_id
-    a_keys, b_keys = set(item_positions(run=baseline)), set(item_positions(run=candidate))
+    comparisons = {name: _paired_comparison(baseline, candidate, name).as_json() for name in names}
+    presence = _items_by_key(baseline, candidate).aggregate(
+        both=Count("key", filter=Q(in_baseline__gt=0, in_candidate__gt=0)),
+        only_in_baseline=Count("key", filter=Q(in_candidate=0)),
+        only_in_candidate=Count("key", filter=Q(in_baseline=0)),
+    )
     return {
         "baseline": baseline.pk,
         "candidate": candidate.pk,
-        # A failed run (every item errored) has no scores: its side of every delta is missing, not zero.
+        # A failed run (every item or every score errored) has no scores: its side of every delta is missing,
+        # not zero.
         "baseline_status": baseline.status,
         "candidate_status": candidate.status,
         "baseline_items_errored": baseline.items_errored,
         "candidate_items_errored": candidate.items_errored,
-        "same_dataset_version": same_items,
-        "items_in_both": len(a_keys & b_keys),
-        "items_only_in_baseline": len(a_keys - b_keys),
-        "items_only_in_candidate": len(b_keys - a_keys),
+        "same_dataset_version": baseline.dataset_version_id == candidate.dataset_version_id,
+        "items_in_both": presence["both"],
+        "items_only_in_baseline": presence["only_in_baseline"],
+        "items_only_in_candidate": presence["only_in_candidate"],
         "metrics": comparisons,
     }

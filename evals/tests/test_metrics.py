@@ -233,6 +233,27 @@ def test_the_interval_of_the_mean_is_the_one_the_plain_loop_gives(values, seed, 
     assert fast == bootstrap_ci(values, stat=plain_mean, seed=seed, resamples=resamples)
 
 
+@pytest.mark.parametrize("size", [1, 3, 56, 301])
+@pytest.mark.parametrize("kind", ["continuous", "discrete", "wide"])
+def test_the_interval_of_the_mean_is_the_plain_loops_also_over_many_blocks_and_ties(size, kind, monkeypatch):
+    """The mean's interval reads its two quantiles' ranks from numpy means, summing again with fsum only
+    the resamples near them, from a second pass over the draws (blocks of at most 1,000 values here).
+    Discrete points make many resample means equal; points of very different sizes make numpy's sums
+    differ from fsum's."""
+    monkeypatch.setattr(metrics, "_RESAMPLE_CHUNK_VALUES", 1000)
+
+    def plain_mean(resample):
+        return statistics.fmean(resample)
+
+    rng = random.Random(size)
+    choices = {"discrete": [0.0, 0.25, 1.0], "wide": [1e-12, -3.0, 1e9, -1e9, 0.1]}
+    points = [rng.uniform(-5.0, 5.0) if kind == "continuous" else rng.choice(choices[kind]) for _ in range(size)]
+    for seed, confidence in ((0, 0.95), (1, 0.5), (20240810, 0.999)):
+        assert bootstrap_ci(points, confidence=confidence, resamples=700, seed=seed) == bootstrap_ci(
+            points, stat=plain_mean, confidence=confidence, resamples=700, seed=seed
+        )
+
+
 def test_bootstrap_takes_another_statistic():
     values = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 100.0]
     low, high = bootstrap_ci(values, stat=statistics.median)
@@ -538,6 +559,32 @@ def test_sign_flip_test_is_exact_for_few_items():
     many = [0.1] * (EXACT_SIGN_FLIP_ITEMS + 8)
     p_value = sign_flip_test(many, permutations=999)
     assert p_value == pytest.approx(1 / 1000)  # no sampled pattern reaches it: (0 + 1) / (999 + 1)
+
+
+def _plain_sign_flip(values: list[float], permutations: int, seed: int) -> float:
+    """The sign-flip test's Monte Carlo branch as a plain loop: one `random()` and one sign per value."""
+    threshold = abs(math.fsum(values)) - 1e-9 * max(1.0, math.fsum(abs(value) for value in values))
+    rng = random.Random(seed)
+    hits = 0
+    for _ in range(permutations):
+        if abs(math.fsum(value if rng.random() < 0.5 else -value for value in values)) >= threshold:
+            hits += 1
+    return (hits + 1) / (permutations + 1)
+
+
+@pytest.mark.parametrize("size", [EXACT_SIGN_FLIP_ITEMS + 1, 40, 301])
+@pytest.mark.parametrize("kind", ["continuous", "discrete", "wide"])
+def test_the_sampled_sign_flip_test_is_the_plain_loop_bit_for_bit(size, kind, monkeypatch):
+    """The sampled branch draws its signs with numpy from the Random's state and sums with numpy, summing
+    again with fsum the patterns near the threshold; it must count what the plain loop counts, also from
+    its later blocks of draws (at most 1,000 values a block here). Discrete differences (many patterns
+    exactly as extreme as the observed one) and values of very different sizes test the threshold."""
+    monkeypatch.setattr(metrics, "_RESAMPLE_CHUNK_VALUES", 1000)
+    rng = random.Random(size)
+    choices = {"discrete": [-1.0, -0.25, 0.0, 0.25, 1.0], "wide": [1e-12, -3.0, 1e9, -1e9, 0.1]}
+    deltas = [rng.uniform(-1.0, 1.0) if kind == "continuous" else rng.choice(choices[kind]) for _ in range(size)]
+    for seed in (0, 1, 20240810):
+        assert sign_flip_test(deltas, permutations=700, seed=seed) == _plain_sign_flip(deltas, 700, seed)
 
 
 @pytest.mark.parametrize(

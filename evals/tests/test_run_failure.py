@@ -271,3 +271,106 @@ def test_the_dashboard_shows_a_failed_run_and_the_errored_count_of_a_completed_o
     assert "items errored</strong>" not in broken_page  # the error says it; no second box
     assert '<span class="badge badge-warning" data-items-errored="2">2 errored</span>' in run_list
     assert '<span class="badge badge-error" data-items-errored="1">1 errored</span>' in run_list
+
+
+# --- Every score errored -------------------------------------------------------------------------------
+
+
+def _scored_by_exact_match(gw: Gateway, *, references: list[str | None], samples: int = 2, name: str = "exact") -> Any:
+    """A suite whose items are all answered (their variables are given) and scored by exact match, which
+    cannot judge an item without a reference output: its score errors."""
+    dataset = services.dataset_create(workspace=gw.workspace, name=name, agent=gw.agent)
+    services.dataset_version_create_from_items(dataset=dataset, items=_exact_items(references))
+    evaluator = services.evaluator_create(workspace=gw.workspace, name="exact", config={"type": "exact_match"})
+    return services.suite_create(
+        workspace=gw.workspace,
+        name=name,
+        agent=gw.agent,
+        dataset=dataset,
+        samples=samples,
+        concurrency=1,
+        tier="single_call",
+        evaluators_used=[evaluator],
+    )
+
+
+def _exact_items(references: list[str | None]) -> list[dataset_items.ItemData]:
+    return [
+        dataset_items.ItemData(
+            input_messages=({"role": "user", "content": f"question {n}"},),
+            reference_output=reference or "",
+            metadata={"variables": {"company": "Acme"}},
+        )
+        for n, reference in enumerate(references)
+    ]
+
+
+NO_REFERENCE = "EvaluationError: the item has no reference output"
+
+
+def test_a_run_whose_every_score_errored_fails_naming_the_first_error(gateway: Gateway, fake: FakeGatewayLLM) -> None:
+    suite = _scored_by_exact_match(gateway, references=[None, None, None], samples=2)
+    _script(fake, ["ok"] * 6)
+
+    run = _execute(suite)
+
+    # Every item was answered (none errored), yet no evaluator could score one answer: nothing was measured.
+    assert (run.items_done, run.items_errored, run.item_count) == (3, 0, 3)
+    assert run.status == RunStatus.FAILED
+    assert run.error == f"every score errored (6 of 6); the first error (exact on item 0): {NO_REFERENCE}"
+    assert run.finished_at is not None
+    overall = run.report["exact"]["overall"]  # the report is kept: it shows every item errored
+    assert (overall["count"], overall["errored"], overall["errored_samples"]) == (0, 3, 6)
+
+
+def test_a_run_only_some_of_whose_scores_errored_completes_and_shows_the_errored_count(
+    gateway: Gateway, fake: FakeGatewayLLM, api_client_for: Any
+) -> None:
+    suite = _scored_by_exact_match(gateway, references=["ok", None, "ok"], samples=1)
+    _script(fake, ["ok"] * 3)
+
+    run = _execute(suite)
+
+    assert run.status == RunStatus.COMPLETED
+    assert run.error == ""
+    overall = run.report["exact"]["overall"]
+    assert (overall["count"], overall["errored"], overall["errored_samples"], overall["mean"]) == (2, 1, 1, 1.0)
+    client: Client = api_client_for(gateway.workspace, scopes=("read",))
+    body = client.get(f"/api/v1/runs/{run.pk}").json()
+    assert (body["status"], body["report"]["exact"]["overall"]["errored"]) == ("completed", 1)
+    viewer = Client()
+    viewer.force_login(MembershipFactory.create(workspace=gateway.workspace, role=Role.VIEWER).user)
+    page = viewer.get(f"/w/{gateway.workspace.slug}/evals/runs/{run.pk}/").content.decode()
+    assert "3 items, 2 scored, 1 errored (1 errored samples)" in page
+
+
+def test_a_label_move_to_a_version_whose_every_score_errored_raises_a_regression(
+    gateway: Gateway, fake: FakeGatewayLLM
+) -> None:
+    suite = _scored_by_exact_match(gateway, references=["ok", "ok"], samples=1)
+    _script(fake, ["ok", "ok"])
+    baseline = _execute(suite)
+    assert baseline.status == RunStatus.COMPLETED
+    # The dataset's next version lost its references: the new prompt version's answers cannot be scored.
+    assert suite.dataset is not None
+    services.dataset_version_create_from_items(dataset=suite.dataset, items=_exact_items([None, None]))
+    _v2(gateway, "Acme's v2 for {{company}}.")
+
+    (candidate,) = regressions.label_moves_check()
+    _script(fake, ["ok", "ok"])
+    finished = runs.run_execute(run_id=candidate.pk)
+
+    assert finished is not None
+    assert finished.status == RunStatus.FAILED
+    alert = RegressionAlert.objects.get()
+    assert (alert.metric, alert.baseline_run_id, alert.candidate_run_id) == (
+        regressions.FAILED_METRIC,
+        baseline.pk,
+        candidate.pk,
+    )
+    assert alert.message == (
+        f"v2 failed where v1 completed: every score errored (2 of 2); the first error (exact on item 0): {NO_REFERENCE}"
+    )
+    assert regressions.run_completed(run_id=candidate.pk) == []  # raised once
+    # Nor is it a point of the suite's history.
+    assert [point["run"] for point in selectors.metric_history(suite=suite, evaluator="exact")] == [baseline.pk]
