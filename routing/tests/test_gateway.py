@@ -6,7 +6,6 @@ import json
 from decimal import Decimal
 from typing import Any
 
-import litellm
 import pytest
 from litellm.exceptions import InternalServerError, ServiceUnavailableError, Timeout
 
@@ -521,9 +520,7 @@ def test_a_metadata_conversation_id_names_the_session(gateway):
 
 def test_a_stream_that_fails_before_its_first_chunk_names_the_providers_error_once(gateway):
     _stream_live(gateway.agent)
-    failures = [
-        litellm.InternalServerError(f"the server fell over ({n})", llm_provider="openai", model="fast") for n in (1, 2)
-    ]
+    failures = [InternalServerError(f"the server fell over ({n})", llm_provider="openai", model="fast") for n in (1, 2)]
     gateway.fake.script("fast", *failures)
 
     response = gateway.ask("receipt please", stream=True)
