@@ -146,8 +146,11 @@ def _read(trajectory: Trajectory) -> _Read:
         status=trajectory.status,
         steps=model_calls + len(view.tool_calls),
         model_calls=model_calls,
-        # The stored total is 0 both when it was free and when no span priced it; the spans tell which.
-        cost_usd=float(trajectory.cost_usd) if view.totals.cost_usd is not None else None,
+        # Null when its model calls went unpriced; 0 both when it was free and when it made no priced call at
+        # all (no span reports a cost): the spans tell which.
+        cost_usd=float(trajectory.cost_usd)
+        if trajectory.cost_usd is not None and view.totals.cost_usd is not None
+        else None,
         latency_ms=trajectory.latency_ms,
         input_tokens=trajectory.input_tokens,
         output_tokens=trajectory.output_tokens,

@@ -1104,6 +1104,8 @@ def session_detail_view(request: HtmxHttpRequest, membership: Membership, sessio
     trajectories = list(tracing_selectors.session_trajectories(workspace=membership.workspace, session_id=session_id))
     views = tracing_selectors.trajectory_views(trajectories=trajectories)
     turns = display.session_turns([views[trajectory.pk] for trajectory in trajectories])
+    known_costs = [t.cost_usd for t in trajectories if t.cost_usd is not None]
+    unpriced_calls = sum(t.unpriced_call_count for t in trajectories)
     return _render(
         request,
         membership,
@@ -1114,7 +1116,10 @@ def session_detail_view(request: HtmxHttpRequest, membership: Membership, sessio
             "first": trajectories[0],
             "last": trajectories[-1],
             "total_tokens": sum(t.total_tokens for t in trajectories),
-            "cost_usd": sum((t.cost_usd for t in trajectories), Decimal(0)),
+            # Unknown, not $0, when no turn's model calls were priced.
+            "cost_usd": sum(known_costs, Decimal(0)) if known_costs or not unpriced_calls else None,
+            "unpriced_calls": unpriced_calls,
+            "unpriced_models": sorted({model for t in trajectories for model in t.unpriced_models}),
             "error_count": sum(t.error_count for t in trajectories),
             "agents": sorted({t.agent.name for t in trajectories if t.agent is not None}),
             "users": sorted({t.user_id for t in trajectories if t.user_id}),

@@ -72,7 +72,14 @@ class TrajectoryOut(Schema):
     tool_calls: int
     errors: int
     tokens: dict[str, int]
-    cost: Usd
+    cost: Usd | None = Field(
+        description="USD of the priced model calls; null when none of them was priced (see unpriced_calls)"
+    )
+    unpriced_calls: int = Field(
+        description="model calls with no cost: the span reported none and no price (litellm's or the workspace's) "
+        "covered its model when it was stored; they are not in `cost`"
+    )
+    unpriced_models: list[str] = Field(description="the models those calls named")
     session_id: str
     user_id: str
     tags: list[str]
@@ -142,9 +149,10 @@ class SessionOut(Schema):
     started_at: datetime
     ended_at: datetime
     total_tokens: int
-    cost_usd: Usd
+    cost_usd: Usd | None = Field(description="the sum of its trajectories' costs; null when nothing was priced")
     error_count: int
     user_id: str
+    unpriced_calls: int = Field(description="model calls of its trajectories with no cost, not in `cost_usd`")
 
 
 class SessionDetailOut(Schema):
@@ -200,6 +208,8 @@ def _trajectory_out(trajectory: Trajectory) -> dict[str, Any]:
             "total": trajectory.total_tokens,
         },
         "cost": trajectory.cost_usd,
+        "unpriced_calls": trajectory.unpriced_call_count,
+        "unpriced_models": trajectory.unpriced_models,
         "session_id": trajectory.session_id,
         "user_id": trajectory.user_id,
         "tags": trajectory.tags,

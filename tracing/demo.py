@@ -126,6 +126,9 @@ SHOPPING: Final = AgentSpec(
     tools=SHOPPING_TOOLS,
     model_ms=(280, 900),
 )
+# The ride agent's refund-policy sub-agent runs on Ridely's own model, served by vLLM: litellm has no price
+# for it and the demo workspace sets none, so its calls show as unpriced, not free.
+POLICY_MODEL: Final = "ridely/policy-llama-3.1-8b"
 RIDE: Final = AgentSpec(
     slug="ride-support",
     model="gpt-4o",
@@ -363,17 +366,21 @@ class Turn:
     def user(self, text: str) -> None:
         self.dialogue.messages.append({"role": "user", "content": text})
 
-    def _chat(self, output: dict[str, Any], messages: list[dict[str, Any]] | None = None) -> None:
+    def _chat(
+        self, output: dict[str, Any], messages: list[dict[str, Any]] | None = None, *, model: str | None = None
+    ) -> None:
+        """A model call: the agent's model, or `model` (with `messages`) for a sub-agent on a model of its own."""
         agent = self.dialogue.agent
+        model = model or agent.model
         sent = list(self.dialogue.messages if messages is None else messages)
         prompt_tokens = sum(_tokens(json.dumps(message)) for message in sent) + 180 * len(agent.tools)
         completion_tokens = _tokens(json.dumps(output)) + self.random.randint(0, 12)
         took = self.random.randint(*agent.model_ms) + completion_tokens * 6
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
-            "gen_ai.system": "openai",
-            "gen_ai.request.model": agent.model,
-            "gen_ai.response.model": agent.model,
+            "gen_ai.system": "openai" if model == agent.model else "vllm",
+            "gen_ai.request.model": model,
+            "gen_ai.response.model": model,
             "gen_ai.request.temperature": 0.2,
             "gen_ai.usage.input_tokens": prompt_tokens,
             "gen_ai.usage.output_tokens": completion_tokens,
@@ -385,7 +392,7 @@ class Turn:
         if messages is None:
             attributes["langfuse.observation.prompt.name"] = agent.prompt_name
             attributes["langfuse.observation.prompt.version"] = self.dialogue.prompt_version
-        with self._span(f"chat {agent.model}", attributes, took_ms=took, kind=SpanKind.CLIENT):
+        with self._span(f"chat {model}", attributes, took_ms=took, kind=SpanKind.CLIENT):
             pass
 
     def tool(
@@ -430,9 +437,19 @@ class Turn:
         self.dialogue.messages.append(message)
 
     def delegate(
-        self, name: str, system: str, request: str, tool: str, arguments: Mapping[str, Any], result: Any, verdict: str
+        self,
+        name: str,
+        system: str,
+        request: str,
+        tool: str,
+        arguments: Mapping[str, Any],
+        result: Any,
+        verdict: str,
+        *,
+        model: str | None = None,
     ) -> None:
-        """A sub-agent with a conversation of its own: it calls one tool and reports back."""
+        """A sub-agent with a conversation of its own (and a model of its own, if `model`): it calls one tool
+        and reports back."""
         with self.sub_agent(name):
             messages: list[dict[str, Any]] = [
                 {"role": "system", "content": system},
@@ -447,7 +464,7 @@ class Turn:
                     {"id": call_id, "type": "function", "function": {"name": tool, "arguments": arguments_text}}
                 ],
             }
-            self._chat(ask, messages)
+            self._chat(ask, messages, model=model)
             result_text = json.dumps(result)
             attributes = {
                 "gen_ai.operation.name": "execute_tool",
@@ -459,7 +476,7 @@ class Turn:
             with self._span(f"execute_tool {tool}", attributes, took_ms=self.random.randint(60, 200)):
                 pass
             messages += [ask, {"role": "tool", "tool_call_id": call_id, "content": result_text}]
-            self._chat({"role": "assistant", "content": verdict}, messages)
+            self._chat({"role": "assistant", "content": verdict}, messages, model=model)
 
     def guardrail(self, name: str, checked: Any, decision: Mapping[str, Any]) -> None:
         attributes = {
@@ -719,6 +736,7 @@ def ride_overcharged_week(turn: Turn) -> None:
             {"topic": "surge fee charged in error"},
             {"section": "4.5 Pricing errors", "text": "Fees charged in error are refunded in full."},
             "All three trips are eligible: a surge fee charged in error is refunded in full ($4.00 each).",
+            model=POLICY_MODEL,
         )
         for trip_id, amount in overcharged:
             turn.guardrail(

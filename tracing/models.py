@@ -94,7 +94,12 @@ class Trajectory(models.Model):
     input_tokens = models.BigIntegerField(default=0)
     output_tokens = models.BigIntegerField(default=0)
     total_tokens = models.BigIntegerField(default=0)
-    cost_usd = models.DecimalField(max_digits=16, decimal_places=8, default=0)
+    # The sum of what its model calls cost where a price covers them; null when none does and some went
+    # unpriced (a self-hosted model litellm and the workspace do not price): not known, not free.
+    cost_usd = models.DecimalField(max_digits=16, decimal_places=8, null=True, blank=True, default=0)
+    # The model calls no price covered (tracing.steps.unpriced_calls), and the models they named.
+    unpriced_call_count = models.PositiveIntegerField(default=0)
+    unpriced_models = ArrayField(models.CharField(max_length=300), default=list, blank=True)
     session_id = models.CharField(max_length=500, blank=True)
     user_id = models.CharField(max_length=500, blank=True)
     tags = ArrayField(models.CharField(max_length=200), default=list, blank=True)

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import orjson
 from django.core.exceptions import ValidationError
-from django.db.models import Count, Field, Max, Min, Prefetch, Q, QuerySet, Sum
+from django.db.models import Count, F, Field, Max, Min, Prefetch, Q, QuerySet, Sum
 
 from agent_registry.models import PromptVersion, Workspace
 from config.config_cache import NotifiedCache
@@ -81,16 +81,16 @@ K = TypeVar("K")
 
 
 def _cursor_encode(value: Any, key: int | str) -> str:
-    """A page's cursor: the ordering value of its last row, as text, and the key that breaks ties."""
-    return base64.urlsafe_b64encode(orjson.dumps([str(value), key])).decode().rstrip("=")
+    """A page's cursor: the ordering value of its last row, as text (null for none), and the key that breaks ties."""
+    return base64.urlsafe_b64encode(orjson.dumps([None if value is None else str(value), key])).decode().rstrip("=")
 
 
-def _cursor_decode(cursor: str, key: Callable[[Any], K]) -> tuple[str, K]:
+def _cursor_decode(cursor: str, key: Callable[[Any], K]) -> tuple[str | None, K]:
     """What `_cursor_encode` wrote, the key read by `key` (which raises ValueError or TypeError on one of
     the wrong kind); TrajectoryListInvalid for a cursor this API did not give out."""
     try:
         value, found = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        return str(value), key(found)
+        return None if value is None else str(value), key(found)
     except (ValueError, TypeError, binascii.Error, orjson.JSONDecodeError):
         raise exceptions.TrajectoryListInvalid("the cursor is not one this API gave out") from None
 
@@ -156,21 +156,29 @@ def trajectory_list(
             | Q(output_preview__icontains=filters.search)
             | Q(trace_id=filters.search.lower())
         )
+    ordered_by = Trajectory._meta.get_field(field)
+    assert isinstance(ordered_by, Field)  # ORDERS names columns, not relations
     if cursor:
         raw_value, pk = _cursor_decode(cursor, int)
-        ordered_by = Trajectory._meta.get_field(field)
-        assert isinstance(ordered_by, Field)  # ORDERS names columns, not relations
-        try:
-            # A cursor is opaque but comes back from the client: a value that is not of the ordering
-            # field's type would fail in the query (a float or integer one as a 500).
-            value = ordered_by.to_python(raw_value)
-        except ValidationError:
-            raise exceptions.TrajectoryListInvalid("the cursor is not one this API gave out") from None
-        after = Q(**{f"{field}__lt" if descending else f"{field}__gt": value}) | Q(
-            **{field: value, "pk__lt" if descending else "pk__gt": pk}
-        )
-        found = found.filter(after)
-    ordering = (f"-{field}", "-pk") if descending else (field, "pk")
+        next_key = Q(**{"pk__lt" if descending else "pk__gt": pk})
+        if raw_value is None:
+            # Rows without a value (a cost nothing priced) come last either way: past one, only more of them.
+            if not ordered_by.null:
+                raise exceptions.TrajectoryListInvalid("the cursor is not one this API gave out")
+            found = found.filter(Q(**{f"{field}__isnull": True}) & next_key)
+        else:
+            try:
+                # A cursor is opaque but comes back from the client: a value that is not of the ordering
+                # field's type would fail in the query (a float or integer one as a 500).
+                value = ordered_by.to_python(raw_value)
+            except ValidationError:
+                raise exceptions.TrajectoryListInvalid("the cursor is not one this API gave out") from None
+            after = Q(**{f"{field}__lt" if descending else f"{field}__gt": value}) | (Q(**{field: value}) & next_key)
+            if ordered_by.null:
+                after |= Q(**{f"{field}__isnull": True})
+            found = found.filter(after)
+    # Nulls last in both directions: an unknown cost is neither the cheapest nor the most expensive.
+    ordering = (F(field).desc(nulls_last=True), "-pk") if descending else (F(field).asc(nulls_last=True), "pk")
     items = list(
         found.order_by(*ordering).prefetch_related(Prefetch("scores", queryset=Score.objects.order_by("created_at")))[
             : limit + 1
@@ -252,9 +260,11 @@ class SessionSummary:
     started_at: datetime
     ended_at: datetime
     total_tokens: int
+    # The sum of its turns' known costs; None when no price covered any of their model calls.
     cost_usd: Any
     error_count: int
     user_id: str
+    unpriced_calls: int = 0
 
 
 @dataclass(frozen=True)
@@ -278,6 +288,7 @@ def session_list(
             last=Max("ended_at"),
             tokens=Sum("total_tokens"),
             cost=Sum("cost_usd"),
+            unpriced=Sum("unpriced_call_count"),
             errors=Sum("error_count"),
             user=Max("user_id"),
         )
@@ -293,9 +304,10 @@ def session_list(
             started_at=row["first"],
             ended_at=row["last"],
             total_tokens=row["tokens"] or 0,
-            cost_usd=row["cost"] or 0,
+            cost_usd=_summed_cost(row["cost"], row["unpriced"] or 0),
             error_count=row["errors"] or 0,
             user_id=row["user"] or "",
+            unpriced_calls=row["unpriced"] or 0,
         )
         for row in found[:limit]
     ]
@@ -303,10 +315,18 @@ def session_list(
     return SessionPage(items, _cursor_encode(items[-1].ended_at.isoformat(), items[-1].session_id) if more else None)
 
 
+def _summed_cost(cost: Decimal | None, unpriced_calls: int) -> Decimal | None:
+    """A sum of trajectories' costs (SUM leaves out the unknown ones): None when all were unknown, else the
+    sum of the known ones, 0 for no model calls at all."""
+    if cost is None and unpriced_calls:
+        return None
+    return cost or Decimal(0)
+
+
 def _session_cursor_decode(cursor: str) -> tuple[datetime, str]:
     moment, session_id = _cursor_decode(cursor, _text)
     try:
-        last = datetime.fromisoformat(moment)
+        last = datetime.fromisoformat(moment) if moment is not None else None
     except ValueError:
         last = None
     if last is None or last.tzinfo is None:

@@ -62,7 +62,7 @@ from tracing.models import (
     Trajectory,
 )
 from tracing.records import json_dumps, span_from_record, span_record
-from tracing.steps import TrajectoryView, trajectory_view_build, view_document_json
+from tracing.steps import Totals, TrajectoryView, trajectory_view_build, view_document_json
 
 logger = logging.getLogger("tracing.services")
 
@@ -1101,6 +1101,8 @@ _TRAJECTORY_UPDATE_COLUMNS = (
     ("output_tokens", "bigint"),
     ("total_tokens", "bigint"),
     ("cost_usd", "numeric"),
+    ("unpriced_call_count", "integer"),
+    ("unpriced_models", "text"),  # JSON text of a list, as tags
     ("session_id", "text"),
     ("user_id", "text"),
     ("tags", "text"),  # JSON text of a list: unnest cannot take an array of arrays
@@ -1148,6 +1150,19 @@ def signal_report_json(report: signals.SignalReport) -> dict[str, Any]:
     }
 
 
+# How many of the models a trajectory's unpriced calls named it keeps, to name them where its cost is shown.
+UNPRICED_MODELS_KEPT = 20
+_MODEL_LENGTH = Span._meta.get_field("model").max_length or 0
+
+
+def _trajectory_cost(totals: Totals) -> Decimal | None:
+    """What the trajectory cost: the sum of its priced figures; None when nothing priced any of its model calls
+    (not 0, which would read as free); 0 for one with no model call, or none that was billed."""
+    if totals.cost_usd is not None:
+        return Decimal(str(totals.cost_usd)).quantize(Decimal("0.00000001"))
+    return None if totals.unpriced_call_count else Decimal(0)
+
+
 def _trajectory_values(
     trajectory_id: int | None,
     agent_id: int | None,
@@ -1175,7 +1190,9 @@ def _trajectory_values(
         totals.input_tokens,
         totals.output_tokens,
         totals.total_tokens,
-        Decimal(str(totals.cost_usd)).quantize(Decimal("0.00000001")) if totals.cost_usd is not None else Decimal(0),
+        _trajectory_cost(totals),
+        totals.unpriced_call_count,
+        json_dumps([model[:_MODEL_LENGTH] for model in totals.unpriced_models[:UNPRICED_MODELS_KEPT]]),
         (view.session_id or "")[:500],
         (view.user_id or "")[:500],
         json_dumps(sorted({tag[:200] for tag in view.tags})),
@@ -1208,6 +1225,7 @@ def _stored_view_document(view: TrajectoryView) -> str:
 # How a column's value from unnest() becomes the column's: JSON text back into jsonb and arrays.
 _EXPRESSIONS = {
     "tags": "ARRAY(SELECT jsonb_array_elements_text(v.tags::jsonb))",
+    "unpriced_models": "ARRAY(SELECT jsonb_array_elements_text(v.unpriced_models::jsonb))",
     "signal_names": "ARRAY(SELECT jsonb_array_elements_text(v.signal_names::jsonb))",
     "metadata": "v.metadata::jsonb",
     "signals": "v.signals::jsonb",

@@ -123,6 +123,9 @@ class Totals:
     llm_call_count: int
     tool_call_count: int
     error_count: int
+    # LLM calls whose cost nothing determined (`unpriced_calls`), and the models they named.
+    unpriced_call_count: int = 0
+    unpriced_models: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +135,8 @@ class TrajectoryView:
     `status` is "error" when any span ended in error, else "running" while the root span (the one
     without a parent, which OpenTelemetry exports last) has not arrived, else "ok".
     Token and cost totals count each span's own figures, except where a descendant reports the same
-    figure: an agent span that sums its LLM calls is not counted on top of them.
+    figure: an agent span that sums its LLM calls is not counted on top of them. An LLM call no price
+    covers is counted in `totals.unpriced_call_count`, not as free: its step's `cost_usd` is None.
     """
 
     trace_id: str
@@ -669,8 +673,72 @@ def _own_figures(tree: _Tree) -> tuple[dict[str, Usage], dict[str, float]]:
     return usage, cost
 
 
+@dataclass(frozen=True, slots=True)
+class CostNode:
+    """What `unpriced_calls` reads of a span: its place in the tree, whether it is a billed LLM call, its cost."""
+
+    span_id: str
+    parent_span_id: str | None
+    is_model_call: bool
+    has_cost: bool
+    model: str | None
+
+
+def model_call_billed(*, span_type: str, status: str, has_usage: bool) -> bool:
+    """Whether a span is a model call someone pays for: a generation, unless it failed with no usage
+    reported (a request the provider refused or never answered)."""
+    return span_type == "generation" and (has_usage or status != "error")
+
+
+def unpriced_calls(nodes: Iterable[CostNode]) -> tuple[int, tuple[str, ...]]:
+    """How many LLM calls have no cost, and the models they named (sorted, each once).
+
+    A call counts when something was billed for it: `model_call_billed` says which generation spans.
+
+    An LLM call without a cost of its own is priced all the same when a span below it reports one (a
+    wrapper around the priced call) or a span above it does (an agent that reports what its calls cost
+    in all): the totals count that figure. Parents are followed as given; a cycle is walked once."""
+    found = list(nodes)
+    parent_of = {node.span_id: node.parent_span_id for node in found}
+    children: dict[str, list[str]] = {}
+    for node in found:
+        if node.parent_span_id is not None:
+            children.setdefault(node.parent_span_id, []).append(node.span_id)
+    priced = [node.span_id for node in found if node.has_cost]
+    above: set[str] = set()
+    for span_id in priced:
+        # Up: an ancestor of a priced span has its cost counted below it.
+        current = parent_of.get(span_id)
+        while current is not None and current in parent_of and current not in above:
+            above.add(current)
+            current = parent_of[current]
+    within = set(priced)
+    pending = list(priced)
+    while pending:
+        # Down: a descendant of a priced span is within that span's figure.
+        for child in children.get(pending.pop(), ()):
+            if child not in within:
+                within.add(child)
+                pending.append(child)
+    covered = above | within
+    unpriced = [node for node in found if node.is_model_call and node.span_id not in covered]
+    return len(unpriced), tuple(sorted({node.model for node in unpriced if node.model}))
+
+
 def _totals(tree: _Tree, steps: list[Step], tool_calls: list[ToolCall]) -> Totals:
     usage, cost = _own_figures(tree)
+    unpriced_count, unpriced_models = unpriced_calls(
+        CostNode(
+            span_id=span.span_id,
+            parent_span_id=parent,
+            is_model_call=model_call_billed(
+                span_type=span.span_type, status=span.status, has_usage=not span.usage.is_empty
+            ),
+            has_cost=span.cost_usd is not None,
+            model=span.model,
+        )
+        for span, _, parent in tree.ordered
+    )
     input_tokens = output_tokens = total_tokens = cache_read = reasoning = 0
     for figures in usage.values():
         input_tokens += figures.input_tokens or 0
@@ -698,6 +766,8 @@ def _totals(tree: _Tree, steps: list[Step], tool_calls: list[ToolCall]) -> Total
         llm_call_count=sum(1 for step in steps if step.kind == "llm_call"),
         tool_call_count=len(tool_calls),
         error_count=sum(1 for span in spans if span.status == "error"),
+        unpriced_call_count=unpriced_count,
+        unpriced_models=unpriced_models,
     )
 
 

@@ -356,7 +356,8 @@ def _metrics(trajectory: Trajectory) -> dict[str, float | int]:
         "errors": trajectory.error_count,
         "tokens": trajectory.total_tokens,
         "latency_s": round(trajectory.latency_ms / 1000, 3),
-        "cost_usd": float(trajectory.cost_usd),
+        # No figure when no price covered the trajectory's model calls: 0 would say it was free.
+        **({"cost_usd": float(trajectory.cost_usd)} if trajectory.cost_usd is not None else {}),
         "triage_score": trajectory.triage_score,
     }
 

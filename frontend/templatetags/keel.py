@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any
@@ -119,6 +120,16 @@ def usd(value: Any) -> str:
     if abs(amount) < 1:
         return f"${rounded(3):f}"
     return f"${rounded(2):,f}"
+
+
+@register.simple_tag
+def unpriced_note(calls: int, models: Sequence[str] = (), cost: Any = None) -> str:
+    """Why a cost is unknown (`cost` None) or partial: "No price for model my-llama: 2 model calls without a
+    cost, not in this sum." A workspace price set later prices the calls stored after it, not these."""
+    named = f"No price for model{'s' if len(models) > 1 else ''} {', '.join(models)}: " if models else ""
+    plural = "s" if calls != 1 else ""
+    within = ", not in this sum" if cost is not None else ""
+    return f"{named}{calls} model call{plural} without a cost{within}. A price added later prices new calls only."
 
 
 @register.filter

@@ -174,3 +174,16 @@ def test_the_recording_is_reproducible():
     assert first == second
     assert demo.trace_hex("ride-support/01/1") == demo.trace_hex("ride-support/01/1")
     assert demo.Dice("seed").randint(0, 10**9) == demo.Dice("seed").randint(0, 10**9)
+
+
+def test_the_refund_policy_sub_agent_runs_on_a_model_nothing_prices(demo_workspace):
+    """The long refund turn hands the policy question to a self-hosted model: its two calls show as unpriced,
+    beside the priced gpt-4o calls, not as free ones."""
+    (trajectory,) = _recorded(demo_workspace).filter(unpriced_call_count__gt=0)
+
+    assert (trajectory.unpriced_call_count, trajectory.unpriced_models) == (2, [demo.POLICY_MODEL])
+    assert trajectory.cost_usd is not None
+    assert trajectory.cost_usd > 0
+    assert "multi-trip" in trajectory.tags
+    policy_calls = Span.objects.filter(workspace=demo_workspace, trace_id=trajectory.trace_id, model=demo.POLICY_MODEL)
+    assert list(policy_calls.values_list("cost_usd", flat=True)) == [None, None]
