@@ -8,6 +8,10 @@ A team that wants to fine-tune the ride-support bot on what it has seen:
   The groups are the dataset items, rewarded by `reference_similarity`, which differs between the tiers.
 - It curates the triaged production trajectories of the ride-support bot (triage signals of a struggling
   conversation), grouped by first request and ranked within each group by the RULER-style judge.
+- A support lead corrects, in each eval group, the live prompt's worst answer with the question's reference
+  answer (a `correction` score, as a reviewer records one): DPO's preference pairs. The nightly runs' v1 and
+  v2 answers differ in reward but answered different system prompts, so they are never paired; the preview
+  and the DPO export's manifest count them as left unpaired.
 - It exports the eval groups in every format they can be represented in, and trains a LoRA adapter on the
   ART export with GRPO, as the GPU worker would (claim, metrics step by step, adapter, finish) but in this
   process, on the CPU, for a few steps, on a tiny model built here from the export's own text.
@@ -37,10 +41,10 @@ from agent_registry import services as registry_services
 from agent_registry.models import PromptVersion, Role, User, Workspace
 from evals import runs
 from evals import services as evals_services
-from evals.models import Run, Suite
+from evals.models import Run, RunSample, Suite
 from tracing import services as tracing_services
-from tracing.models import BatchStatus, IngestBatch
-from trainer_bridge import jobs, services
+from tracing.models import BatchStatus, IngestBatch, ScoreDataType, ScoreSource, Trajectory
+from trainer_bridge import groups, jobs, services
 from trainer_bridge.models import Curation, Export, ExportFormat, JobStatus, TrainingJob
 from trainer_bridge.training_config import TrainingConfig
 
@@ -65,6 +69,7 @@ SERVE = {"model": "keel-demo/ride-support-grpo"}  # the FAKE demo provider, not 
 # rewards differ within the job's max_length, so the job has a validation score (seed 2's pair has not). Groups
 # are keyed by dataset, version and position, so the split is the same in every database the demo is seeded into.
 SPLIT_SEED = 3
+LIVE_PROMPT = "ride-support/system@2"  # as the curation's rollouts name the prompt version they ran under
 
 
 def demo_trainer_seed(workspace: Workspace) -> None:
@@ -84,13 +89,16 @@ def demo_trainer_seed(workspace: Workspace) -> None:
         name=EVAL_CURATION,
         description="The regression set's k = 4 answers from the nightly suite's runs (prompt v1 and v2) and "
         "from the single-call tier, grouped by question and rewarded by similarity to the support leads' "
-        "reference answer: GRPO material.",
+        "reference answer: GRPO material. A support lead corrected the live prompt's worst answer to each "
+        "question that it missed: DPO pairs each correction with the answer it replaced, never answers of "
+        "different prompts.",
         query=query,
         grouping="dataset_item",
         reward=reward,
         filters={"validation_share": 0.25, "seed": SPLIT_SEED},
         created_by=owner,
     )
+    _corrections(eval_groups, owner)
     services.curation_create(
         workspace=workspace,
         name=PRODUCTION_CURATION,
@@ -149,6 +157,39 @@ def _rollouts_run(suite: Suite, owner: User) -> Run:
     _settle(suite.workspace)
     run.refresh_from_db()
     return run
+
+
+def _corrections(curation: Curation, owner: User) -> None:
+    """The support lead's corrections: in each of the curation's groups, the live prompt's worst-rewarded answer
+    corrected with the question's reference answer, unless it is that answer already."""
+    answers: dict[str, str] = {}
+    for group in services.selected_groups(curation.workspace, services.curation_snapshot(curation)):
+        live = [
+            rollout
+            for rollout in group.rollouts
+            if LIVE_PROMPT in rollout.metadata.get("prompt_versions", ()) and rollout.reward is not None
+        ]
+        if live:
+            worst = min(live, key=lambda rollout: rollout.reward or 0.0)
+            answers[worst.trace_id] = groups.final_answer(worst.messages)
+    worst_ids = list(answers)
+    references = dict(
+        RunSample.objects.filter(item__run__workspace=curation.workspace, trace_id__in=worst_ids).values_list(
+            "trace_id", "item__dataset_item__reference_output"
+        )
+    )
+    for trajectory in Trajectory.objects.filter(workspace=curation.workspace, trace_id__in=worst_ids).order_by("pk"):
+        reference = references.get(trajectory.trace_id)
+        if reference and reference.strip() != answers[trajectory.trace_id].strip():
+            tracing_services.score_create(
+                trajectory=trajectory,
+                name="corrected_output",
+                data_type=ScoreDataType.CORRECTION,
+                string_value=reference,
+                source=ScoreSource.HUMAN,
+                created_by=owner,
+                comment="The answer the support leads wrote for this question.",
+            )
 
 
 def _exports(curation: Curation, owner: User) -> Iterator[Export]:

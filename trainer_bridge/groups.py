@@ -123,6 +123,24 @@ def message_text(message: Mapping[str, Any]) -> str:
     return ""
 
 
+def image_part_url(part: object) -> str | None:
+    """The URL of an OpenAI-style image content part ({"type": "image_url", "image_url": {"url": ...}}, or the
+    URL as a plain string), a data: URL or an http(s) one; None for any other part."""
+    if not isinstance(part, Mapping) or part.get("type") != "image_url":
+        return None
+    image = part.get("image_url")
+    url = image.get("url") if isinstance(image, Mapping) else image
+    return url if isinstance(url, str) and url else None
+
+
+def message_images(message: Mapping[str, Any]) -> list[str]:
+    """The URLs of a message's image content parts, in order."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return []
+    return [url for url in (image_part_url(part) for part in content) if url is not None]
+
+
 def first_user_request(messages: Iterable[Mapping[str, Any]]) -> str:
     return next((message_text(message) for message in messages if message.get("role") == "user"), "")
 
@@ -216,6 +234,60 @@ def group_rollouts(
         buckets.setdefault(key(rollout), []).append(rollout)
     for task, members_list in buckets.items():
         yield Group(task_id=task, task_text=first_user_request(members_list[0].messages), rollouts=tuple(members_list))
+
+
+# --- Prompts --------------------------------------------------------------------------------------------
+
+
+def rollout_prompt(rollout: Rollout) -> str:
+    """What the rollout was prompted with, as a key: the prompt versions it ran under (`metadata["prompt_versions"]`)
+    and its messages before its first assistant turn (the system prompt and the user input, images included).
+    A group holds one task, and one task can be asked under two prompt versions or with two order numbers
+    (`request_normalise`): a preference pair is only sound between rollouts whose keys are equal."""
+    start = next(
+        (index for index, message in enumerate(rollout.messages) if message.get("role") == "assistant"),
+        len(rollout.messages),
+    )
+    versions = rollout.metadata.get("prompt_versions")
+    prompt = {
+        "prompt_versions": sorted(str(version) for version in versions) if isinstance(versions, list | tuple) else [],
+        "messages": [
+            [str(message.get("role")), message_text(message), message_images(message)]
+            for message in rollout.messages[:start]
+        ],
+    }
+    return json.dumps(prompt, ensure_ascii=False, sort_keys=True)
+
+
+def same_prompt(rollouts: Iterable[Rollout]) -> list[list[Rollout]]:
+    """The rollouts by `rollout_prompt`, in the order each prompt first came, each list in input order."""
+    by_prompt: dict[str, list[Rollout]] = {}
+    for rollout in rollouts:
+        by_prompt.setdefault(rollout_prompt(rollout), []).append(rollout)
+    return list(by_prompt.values())
+
+
+def unpaired_by_prompt(rollouts: Iterable[Rollout]) -> int:
+    """Rewarded rollouts that a best-against-worst preference pair could have used, had the group been one prompt,
+    but cannot: the group's rewards differ, yet every rollout rewarded differently from them ran under another
+    prompt (their own prompt's rewards are all equal)."""
+    rewarded = [rollout for rollout in rollouts if rollout.reward is not None]
+    if not rewards_vary([rollout.reward for rollout in rewarded if rollout.reward is not None]):
+        return 0
+    return sum(
+        len(members)
+        for members in same_prompt(rewarded)
+        if not rewards_vary([rollout.reward for rollout in members if rollout.reward is not None])
+    )
+
+
+def prompt_rewards_vary(rollouts: Iterable[Rollout]) -> bool:
+    """Some prompt's rollouts have two distinct rewards: a best-against-worst preference pair exists."""
+    rewarded = [rollout for rollout in rollouts if rollout.reward is not None]
+    return any(
+        rewards_vary([rollout.reward for rollout in members if rollout.reward is not None])
+        for members in same_prompt(rewarded)
+    )
 
 
 # --- Filters --------------------------------------------------------------------------------------------
@@ -430,8 +502,10 @@ class RewardDistribution:
 
 @dataclass(frozen=True, slots=True)
 class Preview:
-    """What an export would hold. The `formats` checks read it: `pairable_groups` (a group with two distinct
-    rewards or a correction, DPO's pairs), `rewarded`/`unrewarded` rollouts, `corrections`, `rewards.max`."""
+    """What an export would hold. The `formats` checks read it: `pairable_groups` (a group with a correction, or
+    two distinct rewards under one prompt: DPO's pairs), `rewarded`/`unrewarded` rollouts, `corrections`,
+    `rewards.max`. `unpaired_by_prompt` counts the rollouts DPO cannot pair because the rollouts rewarded
+    differently from them ran under another prompt (see `unpaired_by_prompt`)."""
 
     groups: int
     rollouts: int
@@ -439,6 +513,7 @@ class Preview:
     unrewarded: int
     corrections: int
     pairable_groups: int
+    unpaired_by_prompt: int
     splits: Mapping[str, int]
     group_sizes: Mapping[int, int]  # group size -> number of groups
     rewards: RewardDistribution
@@ -482,7 +557,7 @@ def rollout_signals(rollout: Rollout) -> list[str]:
 
 def preview(groups: Iterable[Group]) -> Preview:
     """The figures of the groups, in one pass holding only their rewards."""
-    group_count = rollouts = unrewarded = corrections = pairable = tokens = 0
+    group_count = rollouts = unrewarded = corrections = pairable = unpaired = tokens = 0
     rewards: list[float] = []
     sizes: Counter[int] = Counter()
     splits: Counter[str] = Counter()
@@ -495,7 +570,8 @@ def preview(groups: Iterable[Group]) -> Preview:
         rewards.extend(own)
         group_corrections = sum(1 for rollout in group.rollouts if rollout.correction)
         corrections += group_corrections
-        pairable += rewards_vary(own) or group_corrections > 0
+        pairable += prompt_rewards_vary(group.rollouts) or group_corrections > 0
+        unpaired += unpaired_by_prompt(group.rollouts)
         for rollout in group.rollouts:
             rollouts += 1
             unrewarded += rollout.reward is None
@@ -508,6 +584,7 @@ def preview(groups: Iterable[Group]) -> Preview:
         unrewarded=unrewarded,
         corrections=corrections,
         pairable_groups=pairable,
+        unpaired_by_prompt=unpaired,
         splits={split: splits[split] for split in SPLITS},
         group_sizes=dict(sorted(sizes.items())),
         rewards=reward_distribution(rewards),

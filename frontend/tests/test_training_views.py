@@ -23,7 +23,7 @@ from trainer_bridge import jobs, services
 from trainer_bridge.curation import QUERY_KEYS
 from trainer_bridge.models import Curation, Export, JobStatus, TrainingJob, TrainingMetric
 from trainer_bridge.tests import conftest as training_fixtures
-from trainer_bridge.tests.test_exports import _curation
+from trainer_bridge.tests.test_exports import _curation, _ingest, _receipt, _receipts
 
 fake = training_fixtures.fake
 gateway = training_fixtures.gateway
@@ -302,6 +302,27 @@ def test_an_export_page_follows_the_export_to_its_file(gateway: Any, run: Run) -
     assert download.status_code == 200
     assert download["ETag"] == f'"{done.sha256}"'
     assert download.getvalue() == Path(done.path).read_bytes()
+
+
+def test_the_preview_and_the_manifest_say_what_was_left_unpaired_for_a_prompt_mismatch(workspace: Workspace) -> None:
+    _ingest(
+        workspace,
+        _receipt("You read receipts.", "Twelve euros.", 1.0),
+        _receipt("You read receipts.", "No idea at all.", 0.0),
+        _receipt("You read receipts. Answer in French.", "Je ne sais pas.", 0.0),
+    )
+    curation = _receipts(workspace)
+    client = _client(workspace)
+    url = f"/w/{workspace.slug}/training/curations/{curation.name}/"
+
+    partial = client.get(url + "?partial=preview", headers={"HX-Request": "true"}).content.decode()
+    export = _finished(curation, "trl_dpo")
+    page = client.get(f"/w/{workspace.slug}/training/exports/{export.pk}/").content.decode()
+
+    assert "<span data-preview-unpaired>1 rollouts unpaired: every rollout rewarded differently ran under another " in (
+        partial
+    )
+    assert "<li data-manifest-note>1 rewarded rollouts were left unpaired: in their group, every rollout" in page
 
 
 def test_cancelling_an_export(gateway: Any, run: Run) -> None:

@@ -2,7 +2,7 @@
 
     art        OpenPipe ART TrajectoryGroups (art.py)
     trl_sft    TRL conversational SFT (trl.py)
-    trl_dpo    TRL conversational DPO, same-task pairs (trl.py)
+    trl_dpo    TRL conversational DPO, pairs of one prompt (trl.py)
     trl_kto    TRL conversational KTO, labelled by reward (trl.py)
     openai     OpenAI chat fine-tuning JSONL (openai_ft.py)
     nemo_gym   NeMo Gym rollouts JSONL (gym.py, through evals.gym)

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Final
 
-from trainer_bridge.groups import Group, Rollout, message_text, rewards_vary
+from trainer_bridge.groups import Group, Rollout, message_text, rewards_vary, same_prompt
 
 # Rewards at or above this are "good": for SFT and OpenAI rows, and KTO's label. Binary rewards pass at 1,
 # as in evals.gym; a continuous reward (a judge's score) needs the caller's threshold.
@@ -31,12 +31,19 @@ class FormatCannotRepresent(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Counts:
-    """What a writer wrote: lines, groups that gave at least one line, rollouts used, rollouts left out."""
+    """What a writer wrote: lines, groups that gave at least one line, rollouts used, rollouts left out; and
+    what only some formats meet: rollouts DPO could not pair because the rollouts rewarded differently ran
+    under another prompt (`groups.unpaired_by_prompt`), images written from data: URLs, images kept as their
+    http(s) URL (not downloaded), and image parts a row could not hold (dropped)."""
 
     lines: int = 0
     groups: int = 0
     rollouts: int = 0
     skipped: int = 0
+    unpaired_by_prompt: int = 0
+    images: int = 0
+    image_urls: int = 0
+    images_dropped: int = 0
 
 
 class Tally:
@@ -44,9 +51,19 @@ class Tally:
 
     def __init__(self) -> None:
         self.lines = self.groups = self.rollouts = self.skipped = 0
+        self.unpaired_by_prompt = self.images = self.image_urls = self.images_dropped = 0
 
     def counts(self) -> Counts:
-        return Counts(lines=self.lines, groups=self.groups, rollouts=self.rollouts, skipped=self.skipped)
+        return Counts(
+            lines=self.lines,
+            groups=self.groups,
+            rollouts=self.rollouts,
+            skipped=self.skipped,
+            unpaired_by_prompt=self.unpaired_by_prompt,
+            images=self.images,
+            image_urls=self.image_urls,
+            images_dropped=self.images_dropped,
+        )
 
 
 def json_line(value: Any) -> bytes:
@@ -119,8 +136,10 @@ def _split_completion(
 
 def group_pairs(group: Group) -> list[Pair]:
     """A group's preference pairs: each correction against the answer it corrected (prompt: everything before
-    the final answer), then the best-rewarded rollout against the worst (prompt: the best one's messages
-    before its first assistant turn). Equal rewards give no pair."""
+    the final answer), then, for each prompt of the group (`groups.same_prompt`: the same prompt versions,
+    system prompt and user input), its best-rewarded rollout against its worst (prompt: their shared messages
+    before the first assistant turn). Equal rewards give no pair, and neither do rollouts of different prompts:
+    the pair's prompt would be one of them, and the other completion did not answer it."""
     pairs: list[Pair] = []
     for rollout in group.rollouts:
         last = last_assistant_index(rollout.messages)
@@ -137,8 +156,9 @@ def group_pairs(group: Group) -> list[Pair]:
                 rollouts=1,
             )
         )
-    rewarded = [rollout for rollout in group.rollouts if rollout.reward is not None]
-    if rewards_vary([rollout.reward for rollout in rewarded if rollout.reward is not None]):
+    for rewarded in same_prompt(rollout for rollout in group.rollouts if rollout.reward is not None):
+        if not rewards_vary([rollout.reward for rollout in rewarded if rollout.reward is not None]):
+            continue
         # max/min keep the first of equals: the earliest best and the earliest worst.
         best = max(rewarded, key=lambda rollout: rollout.reward or 0.0)
         worst = min(rewarded, key=lambda rollout: rollout.reward or 0.0)

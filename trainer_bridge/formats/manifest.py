@@ -55,11 +55,37 @@ class HashingWriter(io.RawIOBase):
         return self._hash.hexdigest()
 
 
+def counts_notes(counts: Counts) -> tuple[str, ...]:
+    """What a reader of the file should know that its lines do not say: rollouts left unpaired for a prompt
+    mismatch, images kept as URLs (nobody downloaded them), image parts left out."""
+    notes: list[str] = []
+    if counts.unpaired_by_prompt:
+        notes.append(
+            f"{counts.unpaired_by_prompt} rewarded rollouts were left unpaired: in their group, every rollout "
+            "rewarded differently ran under another prompt (prompt version, system prompt or user input), and a "
+            "preference pair needs one prompt"
+        )
+    if counts.images:
+        notes.append(f"{counts.images} images from data: URLs were decoded, checked and written in the rows")
+    if counts.image_urls:
+        notes.append(
+            f"{counts.image_urls} images are http(s) URLs, kept as URLs and not downloaded: whoever loads the rows "
+            "fetches them (transformers' image processors do when TRL trains)"
+        )
+    if counts.images_dropped:
+        notes.append(
+            f"{counts.images_dropped} image parts were left out: not an image data: URL or an http(s) URL, or in a "
+            "completion, where TRL takes no image"
+        )
+    return tuple(notes)
+
+
 @dataclass(frozen=True, slots=True)
 class Manifest:
     format: str
     curation: Mapping[str, Any]  # the filters, the threshold, the preview: what the caller wants on record
     counts: Counts
+    notes: tuple[str, ...]  # see `counts_notes`
     sha256: str
     size: int  # bytes
     keel_version: str
@@ -68,6 +94,7 @@ class Manifest:
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["created_at"] = self.created_at.isoformat()
+        data["notes"] = list(self.notes)
         return data
 
     def as_json(self) -> bytes:
@@ -94,6 +121,7 @@ def export_write(
         format=export_format.name,
         curation=dict(curation),
         counts=counts,
+        notes=counts_notes(counts),
         sha256=sink.sha256,
         size=sink.size,
         keel_version=keel_version(),

@@ -5,6 +5,7 @@ target and comparison run; and a job still waiting for a GPU. Seeded once howeve
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ def test_the_eval_curation_has_groups_with_contrasting_rewards(demo_workspace: W
     production = _preview(demo_workspace, demo.PRODUCTION_CURATION)
 
     assert eval_groups["groups"] >= 4
-    assert eval_groups["pairable_groups"] == eval_groups["groups"]
+    assert eval_groups["pairable_groups"] > 0  # which ones: test_the_dpo_export_pairs_corrections_...
     assert eval_groups["rewards"]["min"] < eval_groups["rewards"]["max"]
     # Keyed by dataset, version and position: the same split in every database (demo.SPLIT_SEED).
     assert eval_groups["splits"] == {"train": 6, "validation": 2}
@@ -58,6 +59,25 @@ def test_every_format_the_groups_fit_is_exported_with_its_checksum(demo_workspac
         assert content
         assert hashlib.sha256(content).hexdigest() == export.sha256 == export.manifest["sha256"]
         assert export.manifest["curation"]["name"] == demo.EVAL_CURATION
+
+
+def test_the_dpo_export_pairs_corrections_and_never_answers_of_different_prompts(demo_workspace: Workspace) -> None:
+    """Before, each group's best and worst answers were paired: prompt v1's JSON classification against prompt v2's
+    answer, under v1's system prompt. The support lead's corrections are the pairs now."""
+    eval_groups = _preview(demo_workspace, demo.EVAL_CURATION)
+    export = Export.objects.get(workspace=demo_workspace, format=ExportFormat.TRL_DPO)
+    rows = [json.loads(line) for line in Path(export.path).read_bytes().splitlines()]
+
+    # The live prompt's answer to some questions is the reference answer already: nothing to correct there.
+    assert 0 < eval_groups["corrections"] == eval_groups["pairable_groups"] < eval_groups["groups"]
+    assert eval_groups["unpaired_by_prompt"] > 0
+    assert len(rows) == eval_groups["corrections"]
+    for row in rows:
+        system = row["prompt"][0]
+        assert system["role"] == "system"
+        assert not system["content"].startswith("Classify")  # v1's
+    assert export.manifest["counts"]["unpaired_by_prompt"] == eval_groups["unpaired_by_prompt"]
+    assert "left unpaired" in export.manifest["notes"][0]
 
 
 def test_the_grpo_job_trained_and_its_model_is_compared_with_the_incumbent(demo_workspace: Workspace) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,11 @@ from unittest import mock
 import pytest
 from django.utils import timezone
 
+from agent_registry import services as registry_services
+from agent_registry.models import Workspace
 from routing.tests.conftest import Gateway
-from tracing.models import Trajectory
+from tracing import services as tracing_services
+from tracing.models import IngestBatch, Trajectory
 from trainer_bridge import services
 from trainer_bridge.models import Export, JobStatus
 
@@ -79,7 +83,9 @@ def test_an_art_export_writes_each_group_and_a_manifest_with_the_files_checksum(
             stored = Trajectory.objects.get(trace_id=trajectory["metadata"]["trace_id"])
             assert trajectory["metrics"]["steps"] == stored.step_count > 0
             assert trajectory["metrics"]["tokens"] == stored.total_tokens
-            assert trajectory["metrics"]["cost_usd"] == float(stored.cost_usd)
+            # The fake gateway model has no price: no cost is logged rather than $0.
+            assert (stored.cost_usd, stored.unpriced_call_count > 0) == (None, True)
+            assert "cost_usd" not in trajectory["metrics"]
     assert export.manifest["counts"]["groups"] == 2
     assert export.manifest["curation"]["name"] == "from-run"
     assert export.groups_done == 2
@@ -288,3 +294,87 @@ def test_the_api_exports_one_split_and_refuses_a_bad_one(gateway: Gateway, run: 
         accepted = client.post(url, data={"format": "openai", "split": "train"}, content_type="application/json")
     assert accepted.status_code == 202, accepted.content
     assert Export.objects.get(pk=accepted.json()["id"]).curation_snapshot["split"] == "train"
+
+
+# --- Trajectories ingested as JSON: prompts and images ----------------------------------------------------
+
+PNG_URL = (
+    "data:image/png;base64,"
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
+REMOTE_URL = "https://images.example.test/receipt.png"
+
+
+def _receipt(system: str, answer: str, reward: float, content: Any = "What is the total?") -> dict[str, Any]:
+    return {
+        "name": "receipt",
+        "task_id": "receipt-1",
+        "reward": reward,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": content},
+            {"role": "assistant", "content": answer},
+        ],
+    }
+
+
+def _ingest(workspace: Workspace, *documents: dict[str, Any]) -> None:
+    key, _ = registry_services.apikey_create(
+        workspace=workspace, name=f"agent-{uuid.uuid4().hex[:8]}", scopes=["ingest"]
+    )
+    tracing_services.ingest_trajectories_accept(api_key=key, payload={"trajectories": list(documents)})
+    for batch_id in IngestBatch.objects.filter(status="pending").values_list("pk", flat=True):
+        tracing_services.span_batch_process(batch_id=batch_id)
+
+
+def _receipts(workspace: Workspace) -> Any:
+    return services.curation_create(
+        workspace=workspace, name="receipts", query={}, grouping="task_id", reward={"source": "trajectory"}
+    )
+
+
+def test_a_dpo_export_pairs_only_trajectories_of_one_system_prompt(workspace: Workspace) -> None:
+    _ingest(
+        workspace,
+        _receipt("You read receipts.", "Twelve euros.", 1.0),
+        _receipt("You read receipts. Answer in French.", "Je ne sais pas.", 0.0),
+    )
+    curation = _receipts(workspace)
+
+    with pytest.raises(services.ExportRefused, match="DPO needs pairs"):
+        services.export_create(curation=curation, format="trl_dpo", dispatch=False)
+    assert not Export.objects.exists()
+
+    _ingest(workspace, _receipt("You read receipts.", "No idea at all.", 0.0))
+    export = _export(curation, "trl_dpo")
+
+    assert export.status == JobStatus.SUCCEEDED
+    (row,) = [json.loads(line) for line in Path(export.path).read_bytes().splitlines()]
+    assert row["prompt"][0] == {"role": "system", "content": "You read receipts."}
+    assert (row["chosen"][0]["content"], row["rejected"][0]["content"]) == ("Twelve euros.", "No idea at all.")
+    assert export.curation_snapshot["preview"]["unpaired_by_prompt"] == 1
+    assert export.manifest["counts"]["unpaired_by_prompt"] == 1
+    assert export.manifest["notes"][0].startswith("1 rewarded rollouts were left unpaired")
+
+
+def test_a_trl_export_keeps_the_images_an_agent_was_shown(workspace: Workspace) -> None:
+    looked: list[dict[str, Any]] = [{"type": "text", "text": "What is the total?"}]
+    looked += [{"type": "image_url", "image_url": {"url": url}} for url in (PNG_URL, REMOTE_URL)]
+    _ingest(
+        workspace,
+        _receipt("You read receipts.", "Twelve euros.", 1.0, content=looked),
+        _receipt("You read receipts.", "No idea.", 0.0, content=looked),
+    )
+
+    export = _export(_receipts(workspace), "trl_sft")
+
+    (row,) = [json.loads(line) for line in Path(export.path).read_bytes().splitlines()]
+    assert row["messages"][1]["content"] == [
+        {"type": "text", "text": "What is the total?"},
+        {"type": "image"},
+        {"type": "image"},
+    ]
+    assert row["images"] == [PNG_URL, REMOTE_URL]
+    counts = export.manifest["counts"]
+    assert (counts["images"], counts["image_urls"], counts["images_dropped"]) == (1, 1, 0)
+    assert any("not downloaded" in note for note in export.manifest["notes"])

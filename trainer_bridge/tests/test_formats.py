@@ -3,6 +3,7 @@ before writing, laziness and the manifest's checksum. Pure: no database, nothing
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
@@ -282,6 +283,75 @@ def test_dpo_without_pairs_is_refused_before_anything_is_written() -> None:
     assert trl.dpo_write(flat, out).lines == 0
 
 
+def prompted(
+    trace_id: str, reward: float, answer: str, *, version: str = "orders@1", request: str = "Where is order 7?"
+) -> Rollout:
+    return Rollout(
+        trace_id=trace_id,
+        messages=(
+            {"role": "system", "content": f"You help with orders ({version})."},
+            {"role": "user", "content": request},
+            {"role": "assistant", "content": answer},
+        ),
+        reward=reward,
+        metadata={"prompt_versions": [version]},
+    )
+
+
+def test_dpo_pairs_only_rollouts_of_one_prompt(tmp_path: Path) -> None:
+    """Before, a group's best and worst rollouts were paired whatever prompt each ran under: the row's prompt
+    was the best one's, and the rejected answer had answered another system prompt or another order."""
+    groups = [
+        # One task asked under two prompt versions: nothing to pair.
+        Group(
+            task_id="task:a",
+            task_text="Where is order 7?",
+            rollouts=(prompted("a1", 1.0, "Monday."), prompted("a2", 0.0, "No idea.", version="orders@2")),
+        ),
+        # Two order numbers are one task (request_normalise), not one prompt: only the 12345s pair.
+        Group(
+            task_id="request:where is order #",
+            task_text="Where is order 12345?",
+            rollouts=(
+                prompted("b1", 1.0, "Monday.", request="Where is order 12345?"),
+                prompted("b2", 0.5, "Soon.", request="Where is order 98765?"),
+                prompted("b3", 0.0, "No idea.", request="Where is order 12345?"),
+            ),
+        ),
+    ]
+    summary = preview(groups)
+    assert (summary.pairable_groups, summary.unpaired_by_prompt) == (1, 3)
+
+    out = io.BytesIO()
+    counts = trl.dpo_write(groups, out)
+    (row,) = lines(out)
+    assert row["prompt"] == [
+        {"role": "system", "content": "You help with orders (orders@1)."},
+        {"role": "user", "content": "Where is order 12345?"},
+    ]
+    assert (row["chosen"][0]["content"], row["rejected"][0]["content"]) == ("Monday.", "No idea.")
+    assert (counts.lines, counts.groups, counts.rollouts, counts.skipped, counts.unpaired_by_prompt) == (1, 1, 2, 3, 3)
+
+    path = tmp_path / "pairs.jsonl"
+    with path.open("wb") as sink:
+        manifest = export_write(groups, sink, format_name="trl_dpo", curation={}, created_at=datetime.now(UTC))
+    described = json.loads(manifest.as_json())
+    assert described["counts"]["unpaired_by_prompt"] == 3
+    assert described["notes"] == [
+        "3 rewarded rollouts were left unpaired: in their group, every rollout rewarded differently ran under "
+        "another prompt (prompt version, system prompt or user input), and a preference pair needs one prompt"
+    ]
+
+
+def test_dpo_of_prompts_that_never_agree_is_refused() -> None:
+    mixed = [
+        Group(task_id="a", task_text="", rollouts=(prompted("1", 1.0, "x"), prompted("2", 0.0, "y", version="v2")))
+    ]
+    with pytest.raises(FormatCannotRepresent, match="DPO needs pairs"):
+        trl.dpo_check(preview(mixed))
+    assert trl.dpo_write(mixed, io.BytesIO()).lines == 0
+
+
 def test_sft_kto_and_openai_checks() -> None:
     low = preview([Group(task_id="a", task_text="", rollouts=(trajectory("1", 0.4, "x"),))])
     with pytest.raises(FormatCannotRepresent, match=r"best reward is 0\.4"):
@@ -349,6 +419,145 @@ def test_openai_parallel_calls_and_missing_ids() -> None:
     assert [call["id"] for call in calls] == ["call_1_0", "call_1_1"]
     assert [call["function"]["arguments"] for call in calls] == ['{"order": 1}', '{"order": 2}']
     assert [message["tool_call_id"] for message in example["messages"][2:4]] == ["call_1_0", "call_1_1"]
+
+
+# --- Images ---------------------------------------------------------------------------------------------
+
+# A 1x1 PNG, as an agent sends a screenshot.
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
+PNG_URL = "data:image/png;base64," + base64.b64encode(PNG).decode("ascii")
+REMOTE_URL = "https://images.example.test/receipt.png"
+
+
+def image_part(url: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def looking(trace_id: str, reward: float, answer: str, *, extra: tuple[dict[str, Any], ...] = ()) -> Rollout:
+    return Rollout(
+        trace_id=trace_id,
+        messages=(
+            {"role": "system", "content": "You read receipts."},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is the total on these?"},
+                    image_part(PNG_URL),
+                    image_part(REMOTE_URL),
+                    *extra,
+                ],
+            },
+            {"role": "assistant", "content": answer},
+        ),
+        reward=reward,
+    )
+
+
+@pytest.fixture
+def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the export reached for the network")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def test_trl_sft_rows_carry_images_as_trl_vision_rows(tmp_path: Path, no_network: None) -> None:
+    """Before, the image parts were dropped and only the text was written."""
+    from trl.data_utils import prepare_multimodal_messages
+
+    bad = (
+        image_part("data:image/png;base64,not base64!"),
+        image_part("data:text/plain;base64," + base64.b64encode(b"hello").decode()),
+        image_part("file:///home/agent/shot.png"),
+    )
+    groups = [Group(task_id="r", task_text="", rollouts=(looking("r1", 1.0, "12 euros.", extra=bad),))]
+    out = io.BytesIO()
+    counts = trl.sft_write(groups, out)
+    (row,) = lines(out)
+
+    assert row["messages"] == [
+        {"role": "system", "content": [{"type": "text", "text": "You read receipts."}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "What is the total on these?"}, {"type": "image"}, {"type": "image"}],
+        },
+        {"role": "assistant", "content": [{"type": "text", "text": "12 euros."}]},
+    ]
+    decoded, remote = row["images"]
+    assert remote == REMOTE_URL  # kept, not fetched
+    header, _, payload = decoded.partition(",")
+    assert header == "data:image/png;base64"
+    assert base64.b64decode(payload) == PNG
+    assert (counts.images, counts.image_urls, counts.images_dropped) == (1, 1, 3)
+    # TRL's collator fills the placeholders with the column's images, one for one.
+    filled = prepare_multimodal_messages(row["messages"], images=row["images"])
+    assert [part.get("image") for part in filled[1]["content"]] == [None, decoded, REMOTE_URL]
+    dataset = load_jsonl(tmp_path, out.getvalue())
+    assert dataset[0]["images"] == [decoded, REMOTE_URL]
+
+    path = tmp_path / "export.jsonl"
+    with path.open("wb") as sink:
+        manifest = export_write(groups, sink, format_name="trl_sft", curation={}, created_at=datetime.now(UTC))
+    assert manifest.notes == (
+        "1 images from data: URLs were decoded, checked and written in the rows",
+        "1 images are http(s) URLs, kept as URLs and not downloaded: whoever loads the rows fetches them "
+        "(transformers' image processors do when TRL trains)",
+        "3 image parts were left out: not an image data: URL or an http(s) URL, or in a completion, where TRL "
+        "takes no image",
+    )
+
+
+def test_trl_rows_without_images_keep_text_contents(tmp_path: Path) -> None:
+    out = io.BytesIO()
+    trl.sft_write(sample_groups(), out)
+    for row in lines(out):
+        assert "images" not in row
+        assert all(isinstance(message["content"], str) for message in row["messages"])
+
+
+def test_trl_dpo_and_kto_take_images_in_the_prompt_only(no_network: None) -> None:
+    from trl.data_utils import prepare_multimodal_messages
+
+    answer_with_image = Rollout(
+        trace_id="k2",
+        messages=(
+            *looking("k2", 0.0, "").messages[:2],
+            {"role": "assistant", "content": [{"type": "text", "text": "Like this?"}, image_part(PNG_URL)]},
+        ),
+        reward=0.0,
+    )
+    groups = [Group(task_id="r", task_text="", rollouts=(looking("k1", 1.0, "12 euros."), answer_with_image))]
+    out = io.BytesIO()
+    counts = trl.dpo_write(groups, out)
+    (row,) = lines(out)
+    assert row["images"] == [PNG_URL, REMOTE_URL]
+    assert row["rejected"] == [{"role": "assistant", "content": [{"type": "text", "text": "Like this?"}]}]
+    assert (counts.images, counts.image_urls, counts.images_dropped) == (1, 1, 1)
+    # As TRL's DPO collator prepares a row: images into the prompt, none into the completions.
+    prepare_multimodal_messages(row["prompt"], images=row["images"])
+    prepare_multimodal_messages(row["rejected"])
+
+    out = io.BytesIO()
+    trl.kto_write(groups, out, threshold=0.5)
+    rows = lines(out)
+    assert [row["images"] for row in rows] == [[PNG_URL, REMOTE_URL]] * 2
+    assert [row["label"] for row in rows] == [True, False]
+    assert rows[1]["completion"][0]["content"] == [{"type": "text", "text": "Like this?"}]
+
+
+def test_openai_examples_keep_image_parts() -> None:
+    groups = [Group(task_id="r", task_text="", rollouts=(looking("o1", 1.0, "12 euros."),))]
+    out = io.BytesIO()
+    openai_ft.write(groups, out)
+    (example,) = lines(out)
+    user = example["messages"][1]
+    MESSAGE.validate_python(user)
+    assert user["content"][1:] == [image_part(PNG_URL), image_part(REMOTE_URL)]
 
 
 # --- NeMo Gym -------------------------------------------------------------------------------------------
@@ -426,7 +635,17 @@ def test_export_write_manifest_checksum_matches_the_bytes(tmp_path: Path) -> Non
     assert (manifest.format, manifest.counts.lines, manifest.keel_version) == ("art", 2, keel_version())
     described = json.loads(manifest.as_json())
     assert described["created_at"] == "2026-09-01T12:00:00+00:00"
-    assert described["counts"] == {"lines": 2, "groups": 2, "rollouts": 3, "skipped": 1}
+    assert described["counts"] == {
+        "lines": 2,
+        "groups": 2,
+        "rollouts": 3,
+        "skipped": 1,
+        "unpaired_by_prompt": 0,
+        "images": 0,
+        "image_urls": 0,
+        "images_dropped": 0,
+    }
+    assert described["notes"] == []
     assert described["curation"] == {"min_group_size": 2}
 
 

@@ -273,3 +273,31 @@ def test_preview_figures() -> None:
 def test_preview_of_nothing() -> None:
     summary = g.preview([])
     assert (summary.groups, summary.rollouts, summary.rewards.count, summary.rewards.max) == (0, 0, 0, None)
+
+
+def test_preview_pairs_only_rollouts_of_one_prompt() -> None:
+    """A group's rewards can differ only between prompts (two prompt versions, two system prompts, two
+    requests that normalise to one task): DPO has no pair there, and the preview says how many it leaves."""
+    v1, v2 = {"prompt_versions": ["orders@1"]}, {"prompt_versions": ["orders@2"]}
+    groups = [
+        group("versions", rollout("1", 1.0, metadata=v1), rollout("2", 0.0, metadata=v2)),
+        group("requests", rollout("3", 1.0, request="Order 12345?"), rollout("4", 0.0, request="Order 98765?")),
+        group("one prompt", rollout("5", 1.0, metadata=v1), rollout("6", 0.0, metadata=v1), rollout("7", 0.5)),
+        group("equal", rollout("8", 1.0, metadata=v1), rollout("9", 1.0, metadata=v2)),
+    ]
+    summary = g.preview(groups)
+    assert summary.pairable_groups == 1
+    assert summary.unpaired_by_prompt == 5  # 1, 2, 3, 4 and 7; equal rewards are no candidates
+    assert summary.as_dict()["unpaired_by_prompt"] == 5
+
+
+def test_rollout_prompt_is_the_prompt_versions_and_the_messages_before_the_first_answer() -> None:
+    base = rollout("1", 1.0, metadata={"prompt_versions": ["a@1", "b@2"]})
+    same = rollout("2", 0.0, answer="Something else.", metadata={"prompt_versions": ["b@2", "a@1"]})
+    assert g.rollout_prompt(base) == g.rollout_prompt(same)
+    assert g.rollout_prompt(base) != g.rollout_prompt(rollout("3", metadata={"prompt_versions": ["a@1"]}))
+    shown = rollout("4", request="What is this?")
+    image = {"type": "image_url", "image_url": {"url": "https://x.test/a.png"}}
+    asked = {"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}
+    other = Rollout(trace_id="5", messages=(asked, *shown.messages[1:]))
+    assert g.rollout_prompt(shown) != g.rollout_prompt(other)
