@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import orjson
 from django.core.exceptions import ValidationError
-from django.db.models import Count, F, Field, Max, Min, Prefetch, Q, QuerySet, Sum
+from django.db.models import Count, F, Field, Max, Min, OrderBy, Prefetch, Q, QuerySet, Sum
 
 from agent_registry.models import PromptVersion, Workspace
 from config.config_cache import NotifiedCache
@@ -177,8 +177,14 @@ def trajectory_list(
             if ordered_by.null:
                 after |= Q(**{f"{field}__isnull": True})
             found = found.filter(after)
-    # Nulls last in both directions: an unknown cost is neither the cheapest nor the most expensive.
-    ordering = (F(field).desc(nulls_last=True), "-pk") if descending else (F(field).asc(nulls_last=True), "pk")
+    # Nulls last in both directions: an unknown cost is neither the cheapest nor the most expensive. Only for
+    # a column that can be null: PostgreSQL does not read NOT NULL into an ordering, so `DESC NULLS LAST` on
+    # started_at would sort every matching row instead of walking the `-started_at` index.
+    ordering: tuple[OrderBy | str, str]
+    if ordered_by.null:
+        ordering = (F(field).desc(nulls_last=True), "-pk") if descending else (F(field).asc(nulls_last=True), "pk")
+    else:
+        ordering = (f"-{field}", "-pk") if descending else (field, "pk")
     items = list(
         found.order_by(*ordering).prefetch_related(Prefetch("scores", queryset=Score.objects.order_by("created_at")))[
             : limit + 1

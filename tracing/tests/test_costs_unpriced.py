@@ -12,10 +12,12 @@ from typing import Any
 import orjson
 import pytest
 from django.apps import apps
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from opentelemetry.trace import StatusCode, Tracer
 
-from tracing import services
+from tracing import selectors, services
 from tracing.models import Span, Trajectory
 from tracing.steps import CostNode, unpriced_calls
 from tracing.tests.factories import TrajectoryFactory
@@ -286,3 +288,16 @@ def test_a_cursor_past_an_unknown_value_is_refused_where_the_order_has_none(work
 
     assert response.status_code == 422
     assert response.json() == {"detail": "the cursor is not one this API gave out", "code": "invalid_query"}
+
+
+@pytest.mark.parametrize(("order", "nulls_last"), [("-started_at", False), ("-cost", True), ("cost", True)])
+def test_only_the_ordering_on_a_column_that_can_be_null_says_nulls_last(workspace, order, nulls_last):
+    # PostgreSQL does not read NOT NULL into an ordering: `started_at DESC NULLS LAST` would sort every
+    # matching trajectory instead of walking the `-started_at` index.
+    TrajectoryFactory.create(workspace=workspace)
+
+    with CaptureQueriesContext(connection) as queries:
+        selectors.trajectory_list(workspace=workspace, filters=selectors.TrajectoryFilter(), order=order)
+
+    listing = next(q["sql"] for q in queries.captured_queries if 'FROM "tracing_trajectory"' in q["sql"])
+    assert ("NULLS LAST" in listing) is nulls_last
