@@ -394,7 +394,8 @@ class TrajectoryStats:
     trajectory_count: int
     error_count: int
     total_tokens: int
-    cost_usd: Decimal
+    cost_usd: Decimal | None  # of the priced calls; None when there were calls and none was priced
+    unpriced_calls: int = 0
 
     @property
     def error_rate(self) -> float | None:
@@ -402,7 +403,8 @@ class TrajectoryStats:
 
 
 def trajectory_stats(*, workspace: Workspace, since: datetime, agent_ids: AgentIds = None) -> TrajectoryStats:
-    """Trajectories that started at or after `since`: how many, how many ended in error, tokens and cost."""
+    """Trajectories that started at or after `since`: how many, how many ended in error, tokens, and cost (of
+    the priced model calls, with the count of the others)."""
     row = (
         _visible(workspace, agent_ids)
         .filter(started_at__gte=since)
@@ -411,13 +413,15 @@ def trajectory_stats(*, workspace: Workspace, since: datetime, agent_ids: AgentI
             errors=Count("pk", filter=Q(status=TrajectoryStatus.ERROR)),
             tokens=Sum("total_tokens"),
             cost=Sum("cost_usd"),
+            unpriced=Sum("unpriced_call_count"),
         )
     )
     return TrajectoryStats(
         trajectory_count=row["count"],
         error_count=row["errors"],
         total_tokens=row["tokens"] or 0,
-        cost_usd=row["cost"] or Decimal(0),
+        cost_usd=_summed_cost(row["cost"], row["unpriced"] or 0),
+        unpriced_calls=row["unpriced"] or 0,
     )
 
 

@@ -177,3 +177,24 @@ def test_the_session_pages_show_an_unknown_cost_as_unknown(costs, client, worksp
 )
 def test_the_note_names_the_models_when_it_knows_them(calls, models, cost, note):
     assert unpriced_note(calls, models, cost) == note
+
+
+def test_the_home_pages_total_cost_counts_the_unpriced_calls_beside_the_priced_sum(costs, client, workspace):
+    priced, _, mixed = costs  # the third, unpriced throughout, adds its 2 calls to the count
+
+    page = client.get(f"/w/{workspace.slug}/").content.decode()
+
+    card = page[page.index("Total cost") :][:1200]
+    assert f"{usd(priced.cost_usd + mixed.cost_usd)} + 4 unpriced" in card
+    assert "4 model calls without a cost, not in this sum" in card
+
+
+def test_the_home_pages_total_cost_is_unknown_when_no_call_was_priced(client, workspace):
+    AgentFactory.create(workspace=workspace, slug="on-prem", name="On premises")
+    traces.conversation(workspace, "dark", session="s-dark", agent=ON_PREMISES)
+
+    page = client.get(f"/w/{workspace.slug}/").content.decode()
+
+    card = page[page.index("Total cost") :][:1200]
+    assert ">—<" in card
+    assert "$0<" not in card
