@@ -1,5 +1,5 @@
-"""Where Keel may send requests that a workspace member (or owner) configures: alert webhooks and the
-Langfuse mirror.
+"""Where Keel may send requests that a workspace member (or owner) configures: alert webhooks, the
+Langfuse mirror and agents' tool endpoints (routing's agentic tier).
 
 Any member who can save an alert rule chooses the URL that Keel's worker POSTs to, so without a check
 that URL is a server-side request forgery: `http://127.0.0.1:5432/`, `http://169.254.169.254/` (a cloud's
