@@ -151,6 +151,19 @@ def _v2(gateway: Gateway, content: str) -> PromptVersion:
     return version
 
 
+def _failure_alert(finished: Run | None, *, baseline: Run, candidate: Run) -> RegressionAlert:
+    """The one regression alert a failed candidate run raised against its baseline."""
+    assert finished is not None
+    assert finished.status == RunStatus.FAILED
+    alert = RegressionAlert.objects.get()
+    assert (alert.metric, alert.baseline_run_id, alert.candidate_run_id) == (
+        regressions.FAILED_METRIC,
+        baseline.pk,
+        candidate.pk,
+    )
+    return alert
+
+
 def test_a_label_move_to_a_version_whose_run_fails_raises_a_regression(gateway: Gateway, fake: FakeGatewayLLM) -> None:
     suite = _suite(gateway, samples=1, dataset=_dataset(gateway, with_variables=[True] * 3))
     _script(fake, ["ok"] * 3)
@@ -160,14 +173,7 @@ def test_a_label_move_to_a_version_whose_run_fails_raises_a_regression(gateway: 
     (candidate,) = regressions.label_moves_check()
     finished = runs.run_execute(run_id=candidate.pk)
 
-    assert finished is not None
-    assert finished.status == RunStatus.FAILED
-    alert = RegressionAlert.objects.get()
-    assert (alert.metric, alert.baseline_run_id, alert.candidate_run_id) == (
-        regressions.FAILED_METRIC,
-        baseline.pk,
-        candidate.pk,
-    )
+    alert = _failure_alert(finished, baseline=baseline, candidate=candidate)
     assert alert.message.startswith("v2 failed where v1 completed: every item errored (3 of 3)")
     assert regressions.run_completed(run_id=candidate.pk) == []  # raised once
 
@@ -360,14 +366,7 @@ def test_a_label_move_to_a_version_whose_every_score_errored_raises_a_regression
     _script(fake, ["ok", "ok"])
     finished = runs.run_execute(run_id=candidate.pk)
 
-    assert finished is not None
-    assert finished.status == RunStatus.FAILED
-    alert = RegressionAlert.objects.get()
-    assert (alert.metric, alert.baseline_run_id, alert.candidate_run_id) == (
-        regressions.FAILED_METRIC,
-        baseline.pk,
-        candidate.pk,
-    )
+    alert = _failure_alert(finished, baseline=baseline, candidate=candidate)
     assert alert.message == (
         f"v2 failed where v1 completed: every score errored (2 of 2); the first error (exact on item 0): {NO_REFERENCE}"
     )
