@@ -385,8 +385,23 @@ def _quoted_spans(text: str) -> list[tuple[int, int]]:
     return [(m.start(), m.end()) for m in _QUOTED.finditer(text)]
 
 
-def _score_cues(text: str, cues: list[tuple[str, float, re.Pattern[str]]], discussion: bool) -> Scored:
-    spans = _quoted_spans(text) if discussion else []
+class _Discussed:
+    """Whether the text discusses or quotes cues rather than using them (`_DISCUSSION`), searched the first
+    time a cue is found: on a text with none, the search (the costliest pattern here, every position tried)
+    never runs."""
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        self._found: bool | None = None
+
+    def __bool__(self) -> bool:
+        if self._found is None:
+            self._found = _DISCUSSION.search(self._text) is not None
+        return self._found
+
+
+def _score_cues(text: str, cues: list[tuple[str, float, re.Pattern[str]]], discussed: _Discussed) -> Scored:
+    spans: list[tuple[int, int]] | None = None
     weights: list[float] = []
     names: list[str] = []
     for name, weight, pattern in cues:
@@ -401,7 +416,10 @@ def _score_cues(text: str, cues: list[tuple[str, float, re.Pattern[str]]], discu
                 names.append(name + "(reported)")
                 continue
             found = direct
-        quoted = any(start <= found.start() and found.end() <= end for start, end in spans)
+        discussion = bool(discussed)
+        if discussion and spans is None:
+            spans = _quoted_spans(text)
+        quoted = discussion and any(start <= found.start() and found.end() <= end for start, end in spans or ())
         # A cue used as a quotation inside a question or a discussion is a mention, not a use.
         weights.append(weight * (0.25 if quoted else 0.9) if discussion else weight)
         names.append(name + ("(quoted)" if quoted else ""))
@@ -443,9 +461,9 @@ def _decoded_payloads(text: str) -> list[tuple[str, str]]:
 
 
 def _direct_score(text: str) -> Scored:
-    discussion = _DISCUSSION.search(text) is not None
-    english = _score_cues(text, _DIRECT_CUES, discussion)
-    foreign = _score_cues(text, _MULTILINGUAL_CUES, discussion)
+    discussed = _Discussed(text)
+    english = _score_cues(text, _DIRECT_CUES, discussed)
+    foreign = _score_cues(text, _MULTILINGUAL_CUES, discussed)
     return Scored(combine([english.score, foreign.score]), english.cues + foreign.cues)
 
 
@@ -686,9 +704,9 @@ def indirect_injection_score(content: str) -> Scored:
     """Score of a document or tool result as carrying instructions for the model."""
     raw = _readable(scan_window(content))
     text = normalize(raw)
-    discussion = _DISCUSSION.search(text) is not None
-    direct = _score_cues(text, _DIRECT_CUES + _MULTILINGUAL_CUES, discussion)
-    indirect = _score_cues(text, _INDIRECT_CUES, discussion)
+    discussed = _Discussed(text)
+    direct = _score_cues(text, _DIRECT_CUES + _MULTILINGUAL_CUES, discussed)
+    indirect = _score_cues(text, _INDIRECT_CUES, discussed)
     hidden = _hidden_carriers(raw)
     weights = [direct.score, indirect.score, *(weight for _, weight in hidden)]
     cues = direct.cues + indirect.cues + tuple(name for name, _ in hidden)
