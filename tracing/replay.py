@@ -13,8 +13,19 @@ and/or model, serving the tool calls from the recording.
    serves the recorded result; a call with no match is a divergence, where the replay stops or, under
    the "stub" policy, serves a stub and goes on. The loop ends when the model answers without tool
    calls, or after `max_steps` model calls.
-3. The run's spans (a root agent span, a generation per model call, a tool span per served call, marked
-   `keel.replay.source` = recording | stub) are stored with `tracing.services.spans_write` as a new
+3. From a model call inside a sub-agent (an agent span below another agent), the loop above re-runs only
+   the sub-agent. Once it answers, the agent above it is resumed: its conversation as it sent it at its
+   first model call after the sub-agent returned, with the sub-agent's recorded result replaced by the
+   replay's answer in the message that carried it (the result of the tool call whose span holds the
+   sub-agent, when it shows the recorded answer, or else the last message quoting it), goes on in the same
+   loop, on that agent's recorded model and tools (the prompt version and model of the replay are the
+   sub-agent's); `max_steps` counts every model call. An agent above that one is resumed in turn. When the
+   agent above cannot be located (no model call after the sub-agent, or none that shows its answer), the
+   replay finishes with the sub-agent's answer, and says why in its `error` and in the root span's
+   `keel.replay.note`.
+4. The run's spans (a root agent span, an agent span for each sub-agent around the call re-made, a
+   generation per model call and a tool span per served call, marked `keel.replay.source` = recording |
+   stub, under the agent that made them) are stored with `tracing.services.spans_write` as a new
    trajectory whose `replay_of` is the original.
 
 Provider errors that may pass (rate limit, timeout, server error, refused connection) put the replay back
@@ -51,7 +62,7 @@ from routing.models import ModelTarget
 from tracing import exceptions, otlp, selectors, services
 from tracing.models import DivergencePolicy, Replay, ReplayStatus, Trajectory, TrajectoryStatus
 from tracing.replay_diff import json_equal, json_parsed, replay_start_step
-from tracing.steps import ToolCall, TrajectoryView, trajectory_view_build
+from tracing.steps import Step, ToolCall, TrajectoryView, trajectory_view_build
 
 logger = logging.getLogger("tracing.replay")
 
@@ -66,6 +77,7 @@ REQUEUE_AFTER_SECONDS: Final = 120
 MODEL_TIMEOUT_SECONDS: Final = 120
 REPLAY_TAG: Final = "replay"
 SOURCE_ATTRIBUTE: Final = "keel.replay.source"
+NOTE_ATTRIBUTE: Final = "keel.replay.note"
 VARIABLES_METADATA_KEY: Final = "prompt_variables"
 GENERIC_STUB: Final[dict[str, Any]] = {
     "stub": True,
@@ -101,6 +113,26 @@ class ReplayPlan:
     variables: dict[str, Any] = field(default_factory=dict)
     # What the agent told the model of each recorded call (tool call id → tool message content).
     tool_messages: dict[str, Any] = field(default_factory=dict)
+    # The agents around the model call re-made, innermost first (the root's agent span last, if it is one).
+    agents: tuple[Step, ...] = ()
+    # From a call inside a sub-agent: the agents above it to resume, innermost first, as each one below answers.
+    resumes: tuple[ParentResume, ...] = ()
+    # Why the agent above the last one in `resumes` (or above the sub-agent) cannot be resumed; "" when it can.
+    resume_note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ParentResume:
+    """Where the agent above a sub-agent goes on once the sub-agent answers: its conversation as it sent it at
+    its first model call after the sub-agent returned, whose message `carrier` holds the sub-agent's result."""
+
+    sub_agent: Step
+    resumed_at: Step  # the parent's model call
+    messages: tuple[dict[str, Any], ...]
+    carrier: int
+    recorded_answer: str
+    model: str
+    tools: tuple[dict[str, Any], ...]
 
 
 def _invalid(detail: str, field_name: str, *, code: str | None = None) -> exceptions.ReplayInvalid:
@@ -224,6 +256,167 @@ def _definitions_from_calls(calls: Sequence[ToolCall]) -> tuple[dict[str, Any], 
     )
 
 
+def _answer_replaced(value: Any, old: str, new: str) -> tuple[Any, bool]:
+    """`value` with the text `old` replaced by `new` wherever it stands: the whole text, a string inside a
+    JSON value (or JSON text, written back as JSON), or a part of a longer text; and whether it stood anywhere."""
+    if isinstance(value, str):
+        if value == old:
+            return new, True
+        parsed = json_parsed(value)
+        if parsed is not value:
+            replaced, found = _answer_replaced(parsed, old, new)
+            return (json.dumps(replaced, ensure_ascii=False), True) if found else (value, False)
+        return (value.replace(old, new), True) if old in value else (value, False)
+    if isinstance(value, list):
+        items = [_answer_replaced(item, old, new) for item in value]
+        return [item for item, _ in items], any(found for _, found in items)
+    if isinstance(value, dict):
+        entries = {key: _answer_replaced(item, old, new) for key, item in value.items()}
+        return {key: item for key, (item, _) in entries.items()}, any(found for _, found in entries.values())
+    return value, False
+
+
+class _Nesting:
+    """The agent spans of the original around its steps: which agent a step belongs to, what lies inside one."""
+
+    def __init__(self, view: TrajectoryView) -> None:
+        # Message steps, and tool calls read from messages, carry the span id of the model call that showed them.
+        from_messages = {call.step_index for call in view.tool_calls if call.source == "messages"}
+        self.by_span = {
+            step.span_id: step for step in view.steps if step.kind != "message" and step.index not in from_messages
+        }
+
+    def agent_of(self, step: Step) -> Step | None:
+        """The nearest agent span above `step`."""
+        parent = step.parent_span_id
+        seen: set[str] = set()
+        while parent is not None and parent not in seen:
+            seen.add(parent)
+            above = self.by_span.get(parent)
+            if above is None:
+                return None
+            if above.kind == "agent":
+                return above
+            parent = above.parent_span_id
+        return None
+
+    def agents_around(self, step: Step) -> tuple[Step, ...]:
+        chain: list[Step] = []
+        agent = self.agent_of(step)
+        while agent is not None and agent not in chain:
+            chain.append(agent)
+            agent = self.agent_of(agent)
+        return tuple(chain)
+
+    def inside(self, step: Step, agent: Step) -> bool:
+        current: Step | None = step
+        while current is not None and current.span_id != agent.span_id:
+            current = self.by_span.get(current.parent_span_id) if current.parent_span_id is not None else None
+        return current is not None
+
+    def owns(self, agent: Step | None, step: Step) -> bool:
+        owner = self.agent_of(step)
+        return (owner.span_id if owner is not None else None) == (agent.span_id if agent is not None else None)
+
+    def tool_call_id_carrying(self, sub_agent: Step, parent: Step | None) -> str | None:
+        """The id of the tool call whose span holds `sub_agent` below `parent`: the call that delegated to it."""
+        current = self.by_span.get(sub_agent.parent_span_id) if sub_agent.parent_span_id is not None else None
+        while current is not None and (parent is None or current.span_id != parent.span_id):
+            if current.kind == "tool_call" and current.tool_call_id:
+                return current.tool_call_id
+            current = self.by_span.get(current.parent_span_id) if current.parent_span_id is not None else None
+        return None
+
+
+def _parent_resume(
+    *,
+    view: TrajectoryView,
+    spans: Sequence[otlp.Span],
+    nesting: _Nesting,
+    call: Step,
+    default_tools: tuple[dict[str, Any], ...],
+) -> tuple[ParentResume | None, str]:
+    """How the agent above the sub-agent that makes model call `call` goes on once the sub-agent answers;
+    (None, "") when the call belongs to no sub-agent, (None, why) when the agent above cannot be resumed."""
+    sub_agent = nesting.agent_of(call)
+    if sub_agent is None or sub_agent.parent_span_id is None:
+        return None, ""
+    parent = nesting.agent_of(sub_agent)
+    name = sub_agent.agent_name or sub_agent.name
+    inside = [step for step in view.steps if nesting.inside(step, sub_agent)]
+    answers = [
+        step.output_message.get("content")
+        for step in inside
+        if step.kind == "llm_call" and step.output_message is not None and nesting.owns(sub_agent, step)
+    ]
+    recorded_answer = answers[-1] if answers else None
+    if not isinstance(recorded_answer, str) or not recorded_answer:
+        return None, f"the parent agent was not resumed: sub-agent {name} recorded no final answer to replace"
+    after = max(step.index for step in inside)
+    following = next(
+        (
+            step
+            for step in view.steps[after + 1 :]
+            if step.kind == "llm_call" and nesting.owns(parent, step) and not nesting.inside(step, sub_agent)
+        ),
+        None,
+    )
+    if following is None or following.input_messages is None:
+        return None, f"the parent agent was not resumed: it made no recorded model call after sub-agent {name} answered"
+    messages = [_message_for_model(message) for message in following.input_messages]
+    call_id = nesting.tool_call_id_carrying(sub_agent, parent)
+    carrying = [
+        position
+        for position in reversed(range(len(messages)))
+        if messages[position]["role"] not in _SYSTEM_ROLES
+        and _answer_replaced(messages[position].get("content"), recorded_answer, "")[1]
+    ]
+    # The result of the call that delegated, when it shows the answer; else the last message that quotes it.
+    carrier = next(
+        (position for position in carrying if messages[position].get("tool_call_id") == call_id),
+        carrying[0] if carrying else None,
+    )
+    if carrier is None:
+        return None, (
+            f"the parent agent was not resumed: sub-agent {name}'s answer is not in the parent's next model call "
+            f"(step {following.index})"
+        )
+    span = next((span for span in spans if span.span_id == following.span_id), None)
+    model = (span.request_model if span is not None else None) or following.model or ""
+    if not model:
+        return None, f"the parent agent was not resumed: its model call at step {following.index} recorded no model"
+    recorded_tools = tuple(_tool_definition(item) for item in span.tool_definitions) if span is not None else ()
+    return (
+        ParentResume(
+            sub_agent=sub_agent,
+            resumed_at=following,
+            messages=tuple(messages),
+            carrier=carrier,
+            recorded_answer=recorded_answer,
+            model=model,
+            tools=recorded_tools or default_tools,
+        ),
+        "",
+    )
+
+
+def _parent_resumes(
+    *, view: TrajectoryView, spans: Sequence[otlp.Span], start: Step, tools: tuple[dict[str, Any], ...]
+) -> tuple[tuple[Step, ...], tuple[ParentResume, ...], str]:
+    """The agents around the call at `start`, the agents above it to resume (innermost first), and why the next
+    one up cannot be resumed ("" when there is none)."""
+    nesting = _Nesting(view)
+    resumes: list[ParentResume] = []
+    call = start
+    while True:
+        resume, note = _parent_resume(view=view, spans=spans, nesting=nesting, call=call, default_tools=tools)
+        if resume is None:
+            return nesting.agents_around(start), tuple(resumes), note
+        resumes.append(resume)
+        # The parent may itself be a sub-agent: the agent above it takes over once it answers in turn.
+        call = resume.resumed_at
+
+
 def replay_plan(
     *,
     view: TrajectoryView,
@@ -264,16 +457,22 @@ def replay_plan(
     if not chosen_model:
         raise _invalid(f"the model call at step {start} recorded no model; name one", "model")
     remaining_calls = sum(1 for later in view.steps[start:] if later.kind == "llm_call")
+    tools = tuple(_tool_definition(definition) for definition in view.tool_definitions) or _definitions_from_calls(
+        view.tool_calls
+    )
+    agents, resumes, resume_note = _parent_resumes(view=view, spans=spans, start=step, tools=tools)
     return ReplayPlan(
         messages=tuple(messages),
         model=chosen_model,
-        tools=tuple(_tool_definition(definition) for definition in view.tool_definitions)
-        or _definitions_from_calls(view.tool_calls),
+        tools=tools,
         parameters=parameters,
         recorded_calls=view.tool_calls,
         steps_planned=max(1, min(max_steps, remaining_calls)),
         variables=variables,
         tool_messages=_tool_messages(view),
+        agents=agents,
+        resumes=resumes,
+        resume_note=resume_note,
     )
 
 
@@ -421,7 +620,12 @@ def _error_text(error: Exception, arguments: Mapping[str, Any]) -> str:
 
 
 def _model_call(
-    *, plan: ReplayPlan, arguments: Mapping[str, Any], messages: Sequence[dict[str, Any]], turn: int
+    *,
+    tools: Sequence[dict[str, Any]],
+    parameters: Mapping[str, Any],
+    arguments: Mapping[str, Any],
+    messages: Sequence[dict[str, Any]],
+    turn: int,
 ) -> _Answer:
     # litellm takes seconds to import; only workers that run replays pay for it.
     import litellm
@@ -438,12 +642,12 @@ def _model_call(
         response = litellm.completion(
             **arguments,
             messages=list(messages),
-            tools=list(plan.tools) or None,
+            tools=list(tools) or None,
             num_retries=0,  # the task retries, with backoff, and records each attempt
             # With tools, litellm 1.106 otherwise imports its proxy's MCP gateway, which needs the
             # `mcp` package that only litellm[proxy] installs; Keel never sends MCP tools.
             _skip_mcp_handler=True,
-            **plan.parameters,
+            **parameters,
         )
     except (RateLimitError, Timeout, ServiceUnavailableError, InternalServerError, APIConnectionError) as error:
         # A server error or a refused connection is an outage too, as the gateway counts them (routing).
@@ -486,18 +690,28 @@ def _span(**fields: Any) -> otlp.Span:
 
 @dataclass(slots=True)
 class _Run:
-    """A replay under way: the spans so far, and the first divergence."""
+    """A replay under way: the spans so far, and the first divergence.
+
+    `model_arguments`, `tools`, `parameters`, `prompted` and `agent_span_id` are those of the agent whose
+    loop runs: the one the replay starts in, then each agent above it that is resumed."""
 
     replay: Replay
     plan: ReplayPlan
     view: TrajectoryView
     root_span_id: str
     model_arguments: dict[str, Any]
+    tools: tuple[dict[str, Any], ...] = ()
+    parameters: dict[str, Any] = field(default_factory=dict)
+    prompted: bool = True  # whether the replay's prompt version is the running agent's
+    agent_span_id: str = ""
     spans: list[otlp.Span] = field(default_factory=list)
     divergence: tuple[str, str, Any] | None = None  # (span id of the model call, tool name, arguments)
     stopped: bool = False
     answer: str | None = None
     turns: int = 0
+    # Each agent loop that ran, by the span it ran under: (start, end, first user message, answer).
+    loops: dict[str, tuple[int, int, dict[str, Any] | None, str | None]] = field(default_factory=dict)
+    note: str = ""
 
 
 def _replay_update(replay: Replay, **values: Any) -> None:
@@ -514,14 +728,14 @@ def _generation(
 ) -> str:
     replay = run.replay
     span_id = _span_id(replay.trace_id, "generation", run.turns)
-    prompt_version = replay.prompt_version
+    prompt_version = replay.prompt_version if run.prompted else None
     # The litellm model string called (a model target's, when the replay named one), which prices the call.
     model = str(run.model_arguments["model"])
     run.spans.append(
         _span(
             trace_id=replay.trace_id,
             span_id=span_id,
-            parent_span_id=run.root_span_id,
+            parent_span_id=run.agent_span_id,
             name=f"chat {model}",
             span_type="generation",
             start_time_ns=start,
@@ -531,7 +745,7 @@ def _generation(
             input=list(messages),
             output=[assistant],
             usage=answer.usage,
-            tool_definitions=run.plan.tools,
+            tool_definitions=run.tools,
             prompt_name=prompt_version.prompt.name if prompt_version is not None else None,
             prompt_version=str(prompt_version.version) if prompt_version is not None else None,
             attributes={"keel.replay.id": replay.pk},
@@ -571,7 +785,7 @@ def _tool(run: _Run, call: dict[str, Any], position: int, recording: _Recording,
         _span(
             trace_id=replay.trace_id,
             span_id=_span_id(replay.trace_id, "tool", run.turns, position),
-            parent_span_id=run.root_span_id,
+            parent_span_id=run.agent_span_id,
             name=f"execute_tool {name}",
             span_type="tool",
             start_time_ns=now,
@@ -591,13 +805,20 @@ def _tool(run: _Run, call: dict[str, Any], position: int, recording: _Recording,
     return _as_text(served)
 
 
-def _replay_loop(run: _Run) -> None:
-    replay, plan = run.replay, run.plan
-    recording = _Recording(plan.recorded_calls)
-    messages = [dict(message) for message in plan.messages]
+def _agent_loop(run: _Run, messages: list[dict[str, Any]], recording: _Recording) -> None:
+    """One agent's loop, from `messages`, until it answers, stops at a divergence, or max_steps runs out."""
+    replay = run.replay
+    started = time.time_ns()
+    run.answer = None
     while run.turns < replay.max_steps:
         start = time.time_ns()
-        answer = _model_call(plan=plan, arguments=run.model_arguments, messages=messages, turn=run.turns)
+        answer = _model_call(
+            tools=run.tools,
+            parameters=run.parameters,
+            arguments=run.model_arguments,
+            messages=messages,
+            turn=run.turns,
+        )
         end = time.time_ns()
         assistant: dict[str, Any] = {"role": "assistant", "content": answer.content}
         if answer.tool_calls:
@@ -610,17 +831,100 @@ def _replay_loop(run: _Run) -> None:
         messages.append(assistant)
         if not answer.tool_calls:
             run.answer = answer.content
-            return
+            break
         for position, call in enumerate(answer.tool_calls):
             result = _tool(run, call, position, recording, asked_by)
             if result is None:
-                return
+                break
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+        if run.stopped:
+            break
+    first_user = next((message for message in messages if message.get("role") == "user"), None)
+    run.loops[run.agent_span_id] = (started, time.time_ns(), first_user, run.answer)
+
+
+def _agent_span_id(run: _Run, level: int) -> str:
+    """The replay's span for the agent of loop `level` (0: the one the replay starts in): the root for the
+    original's root agent, else a span of its own that stands for the original's agent span."""
+    agents = run.plan.agents
+    if level >= len(agents) or agents[level].parent_span_id is None:
+        return run.root_span_id
+    return _span_id(run.replay.trace_id, "agent", agents[level].span_id)
+
+
+def _replay_loop(run: _Run) -> None:
+    """The loop of the agent the replay starts in; then, from a sub-agent, that of each agent above it, from its
+    recorded conversation with the sub-agent's recorded result replaced by the replay's answer."""
+    replay, plan = run.replay, run.plan
+    recording = _Recording(plan.recorded_calls)
+    run.tools, run.parameters, run.prompted = plan.tools, plan.parameters, True
+    run.agent_span_id = _agent_span_id(run, 0)
+    _agent_loop(run, [dict(message) for message in plan.messages], recording)
+    for level, resume in enumerate(plan.resumes, start=1):
+        if run.stopped:
+            return
+        name = resume.sub_agent.agent_name or resume.sub_agent.name
+        if run.answer is None:
+            run.note = (
+                f"the parent agent was not resumed: the replay reached max_steps ({replay.max_steps}) "
+                f"before sub-agent {name} answered"
+                if run.turns >= replay.max_steps
+                else f"the parent agent was not resumed: sub-agent {name} answered with no text"
+            )
+            return
+        messages = [dict(message) for message in resume.messages]
+        carrier = messages[resume.carrier]
+        carrier["content"], _ = _answer_replaced(carrier.get("content"), resume.recorded_answer, run.answer)
+        # The agent above runs as recorded: its own model and tools; the prompt version was the sub-agent's.
+        run.model_arguments = _model_arguments(workspace_id=replay.workspace_id, model=resume.model)
+        run.tools, run.parameters, run.prompted = resume.tools, {}, False
+        run.agent_span_id = _agent_span_id(run, level)
+        _agent_loop(run, messages, recording)
+    if plan.resume_note and not run.stopped:
+        run.note = plan.resume_note
+
+
+def _agent_spans(run: _Run) -> list[otlp.Span]:
+    """A span for each agent around the replayed call other than the root, inner ones below outer ones, over
+    the loop that ran under it and the agents inside it."""
+    replay, original = run.replay, run.replay.original
+    spans: list[otlp.Span] = []
+    inner: tuple[int, int] | None = None
+    for level, agent in enumerate(run.plan.agents):
+        span_id = _agent_span_id(run, level)
+        if span_id == run.root_span_id:
+            break
+        loop = run.loops.get(span_id)
+        times = [*(loop[:2] if loop is not None else ()), *(inner or ())]
+        if not times:
+            continue
+        inner = (min(times), max(times))
+        spans.append(
+            _span(
+                trace_id=replay.trace_id,
+                span_id=span_id,
+                parent_span_id=_agent_span_id(run, level + 1),
+                name=agent.name,
+                span_type="agent",
+                start_time_ns=inner[0],
+                end_time_ns=max(inner[1], inner[0] + 1),
+                # A name the spans give an agent makes one when none matches: only the original's agent is named.
+                agent_name=agent.agent_name if original.agent is not None else None,
+                # What the agent was asked, as recorded; its answer, where the recording has one to compare.
+                input=agent.input,
+                output=loop[3] if loop is not None and agent.output is not None else None,
+                attributes={"keel.replay.id": replay.pk, "keel.replay.recorded_span_id": agent.span_id},
+            )
+        )
+    return spans
 
 
 def _root_span(run: _Run, start: int, end: int) -> otlp.Span:
     replay, view, original = run.replay, run.view, run.replay.original
-    first_user = next((m for m in run.plan.messages if m.get("role") == "user"), None)
+    outermost = run.loops.get(run.agent_span_id)
+    first_user = outermost[2] if outermost is not None and outermost[2] is not None else None
+    if first_user is None:
+        first_user = next((m for m in run.plan.messages if m.get("role") == "user"), None)
     return _span(
         trace_id=replay.trace_id,
         span_id=run.root_span_id,
@@ -643,13 +947,17 @@ def _root_span(run: _Run, start: int, end: int) -> otlp.Span:
             # Kept, so that a replay of this replay can render prompt versions with them too.
             **({VARIABLES_METADATA_KEY: run.plan.variables} if run.plan.variables else {}),
         },
-        attributes={"keel.replay.id": replay.pk, "keel.replay.of": original.trace_id},
+        attributes={
+            "keel.replay.id": replay.pk,
+            "keel.replay.of": original.trace_id,
+            **({NOTE_ATTRIBUTE: run.note} if run.note else {}),
+        },
     )
 
 
 def _replay_store(run: _Run, start: int) -> None:
     replay = run.replay
-    spans = [_root_span(run, start, time.time_ns()), *run.spans]
+    spans = [_root_span(run, start, time.time_ns()), *_agent_spans(run), *run.spans]
     divergence_step = None
     if run.divergence is not None:
         asked_by = run.divergence[0]
@@ -683,7 +991,8 @@ def _replay_store(run: _Run, start: int) -> None:
             divergence_step=divergence_step,
             divergence_tool_name=run.divergence[1] if run.divergence is not None else "",
             divergence_arguments=run.divergence[2] if run.divergence is not None else None,
-            error="",
+            # A finished replay's error holds what it could not do: why the agent above was not resumed.
+            error=run.note[:4000],
             finished_at=timezone.now(),
         )
 

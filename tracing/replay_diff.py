@@ -13,11 +13,18 @@ nothing after it. A pair whose contents differ is "changed" and lists the fields
 unpaired step is "only_in_original" or "only_in_replay". An assistant turn counts as the same thing
 whether it is an LLM call or, in the replay's history, a message. `first_difference` is the first pair
 of the replayed part that is not the same: where the two runs part.
+
+A replay from inside a sub-agent resumes the agent above it, whose first model call then sends that agent's
+recorded conversation again: the messages (and tool calls read from them) it shows for the first time that
+the original's history holds count as history, placed before the replay's first sub-agent, where the
+original had them. What that call shows that the original's history does not (the sub-agent's new answer
+as the parent received it) stays in the replayed part.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from difflib import SequenceMatcher
@@ -280,6 +287,35 @@ def _segment_totals(steps: Sequence[Step]) -> SideTotals:
 # --- The diff ---------------------------------------------------------------------------------------
 
 
+def _history_signature(step: Step) -> tuple[str, str, str]:
+    """What a history step says, the same whether a model call's answer or a message repeats it."""
+    kind, name = _key(step)
+    if step.kind == "tool_call":
+        said: Any = [json_parsed(step.tool_arguments), json_parsed(step.tool_result)]
+    elif step.kind == "llm_call":
+        said = step.output_message.get("content") if step.output_message is not None else step.output
+    else:
+        said = step.content
+    return (kind, name, json.dumps(said, sort_keys=True, default=str))
+
+
+def _resent_history(original_history: Sequence[Step], replay_rest: Sequence[Step]) -> tuple[list[Step], list[Step]]:
+    """The replay's replayed steps split in two: those a model call shows that re-send the original's history
+    (a resumed parent's conversation), and the rest."""
+    call_spans = {step.span_id for step in replay_rest if step.kind == "llm_call"}
+    available = Counter(_history_signature(step) for step in original_history)
+    resent: list[Step] = []
+    rest: list[Step] = []
+    for step in replay_rest:
+        signature = _history_signature(step)
+        if step.kind != "llm_call" and step.span_id in call_spans and available[signature] > 0:
+            available[signature] -= 1
+            resent.append(step)
+        else:
+            rest.append(step)
+    return resent, rest
+
+
 def replay_start_step(view: TrajectoryView, from_step: int) -> int | None:
     """The step of the model call a replay from `from_step` re-makes: the first LLM call at or after it."""
     return next((step.index for step in view.steps[max(from_step, 0) :] if step.kind == "llm_call"), None)
@@ -291,8 +327,17 @@ def replay_diff(original: TrajectoryView, replay: TrajectoryView, *, from_step: 
     replay_start = replay_start_step(replay, 0)
     original_split = len(original.steps) if original_start is None else original_start
     replay_split = len(replay.steps) if replay_start is None else replay_start
-    history = _align(original.steps[:original_split], replay.steps[:replay_split], replayed=False)
-    replayed = _align(original.steps[original_split:], replay.steps[replay_split:], replayed=True)
+    original_history = original.steps[:original_split]
+    resent, replay_rest = _resent_history(original_history, replay.steps[replay_split:])
+    replay_history = list(replay.steps[:replay_split])
+    # The parent's history came before it handed over: before the replay's first sub-agent.
+    handover = next(
+        (at for at, step in enumerate(replay_history) if step.kind == "agent" and not _is_root(step)),
+        len(replay_history),
+    )
+    replay_history[handover:handover] = resent
+    history = _align(original_history, replay_history, replayed=False)
+    replayed = _align(original.steps[original_split:], replay_rest, replayed=True)
     steps = (*history, *replayed)
     first_difference = next(
         (position for position, pair in enumerate(steps) if pair.replayed and pair.status != "same"), None
@@ -306,6 +351,6 @@ def replay_diff(original: TrajectoryView, replay: TrajectoryView, *, from_step: 
         totals=TotalsPair(original=_view_totals(original), replay=_view_totals(replay)),
         replayed_totals=TotalsPair(
             original=_segment_totals(original.steps[original_split:]),
-            replay=_segment_totals(replay.steps[replay_split:]),
+            replay=_segment_totals(replay_rest),
         ),
     )
