@@ -546,4 +546,6 @@ def demo_seed() -> Workspace:
     from trainer_bridge import demo as trainer_demo  # curations are made of the eval runs above
 
     trainer_demo.demo_trainer_seed(workspace)
+    # Last, on the gateway's demo model target: nothing above reads the replays' trajectories.
+    tracing_demo.demo_replays_seed(workspace)
     return workspace

@@ -39,9 +39,11 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from agent_registry import prompts
 from agent_registry import selectors as registry_selectors
 from agent_registry import services as registry_services
-from agent_registry.models import Agent, ApiKey, PromptType, Role, User, Workspace
-from tracing import alerts, sampling, services, triage
+from agent_registry.models import Agent, ApiKey, PromptType, PromptVersion, Role, User, Workspace
+from tracing import alerts, sampling, selectors, services, triage
 from tracing.models import (
+    DivergencePolicy,
+    Replay,
     ReviewItem,
     ReviewSample,
     ScoreDataType,
@@ -1273,3 +1275,67 @@ def demo_triage_seed(workspace: Workspace) -> None:
             created_by=owner,
         )
         alerts.alert_rule_evaluate(rule=rule, now=now)
+
+
+# --- Replays ----------------------------------------------------------------------------------------
+
+# What the demo's replays re-run: a double charge refunded through issue_refund (demo_traces_seed's
+# earliest such conversation), on the demo's strong model target (routing.demo's demo-strong, served by
+# Keel's fake demo provider: no network).
+REPLAY_TAG_PICKED: Final = "double-charge"
+REPLAY_MODEL: Final = "demo-strong"
+
+
+def demo_replays_seed(workspace: Workspace) -> int:
+    """Counterfactual replays of one refund conversation, run as a worker runs them (tracing.replay):
+    its last answer again on the strong model with the ride-support prompt's v1 (done, a new trajectory
+    to compare), and the step before the refund on the strong model, which calls `issue_refund` with
+    arguments the recording never saw: one replay stops there, one is served a stub and goes on.
+    Returns how many were made; none once the workspace has replays.
+
+    Precondition: demo_traces_seed and routing.demo.demo_routing_seed ran (the model target)."""
+    from tracing import replay  # replay builds on the gateway's providers; demo_seed imports routing later
+
+    if Replay.objects.filter(workspace=workspace).exists():
+        return 0
+    owner = next(
+        (m.user for m in registry_selectors.workspace_member_list(workspace=workspace) if m.role == Role.OWNER), None
+    )
+    original = (
+        Trajectory.objects.filter(
+            workspace=workspace, agent__slug=RIDE.slug, tags__contains=[REPLAY_TAG_PICKED], replay_of__isnull=True
+        )
+        .order_by("started_at", "pk")
+        .first()
+    )
+    if original is None:
+        return 0
+    view = selectors.trajectory_views(trajectories=[original])[original.pk]
+    calls = [step.index for step in view.steps if step.kind == "llm_call"]
+    refund = next((call.step_index for call in view.tool_calls if call.name == "issue_refund"), None)
+    if not calls or refund is None:
+        return 0
+    before_refund = max(index for index in calls if index < refund)
+    first_version = (
+        PromptVersion.objects.filter(prompt__agent__workspace=workspace, prompt__name=RIDE.prompt_name, version=1)
+        .select_related("prompt")
+        .first()
+    )
+    made = [
+        replay.replay_create(
+            original=original, from_step=calls[-1], model=REPLAY_MODEL, prompt_version=first_version, created_by=owner
+        ),
+        replay.replay_create(original=original, from_step=before_refund, model=REPLAY_MODEL, created_by=owner),
+        replay.replay_create(
+            original=original,
+            from_step=before_refund,
+            model=REPLAY_MODEL,
+            divergence_policy=DivergencePolicy.STUB,
+            stub_result={"refunded": True, "amount_usd": 12.5, "note": "stub served by the replay"},
+            created_by=owner,
+        ),
+    ]
+    # A worker would run them; the demo has none running yet, so run them here.
+    for run in made:
+        replay.replay_execute(replay_id=run.pk)
+    return len(made)

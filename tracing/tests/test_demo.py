@@ -13,15 +13,16 @@ from agent_registry import demo as registry_demo
 from agent_registry import selectors as registry_selectors
 from agent_registry import services as registry_services
 from agent_registry.models import ApiKey, PromptVersion
-from tracing import demo, selectors
-from tracing.models import IngestBatch, Score, Span, Trajectory
+from tracing import demo, replay, selectors
+from tracing.models import IngestBatch, Replay, Score, Span, Trajectory
 
 pytestmark = pytest.mark.django_db
 
 
 def _recorded(workspace=None):
-    """The trajectories this module seeds (the gateway's demo traffic is routing's, tagged `gateway`)."""
-    trajectories = Trajectory.objects.exclude(tags__contains=["gateway"])
+    """The trajectories this module seeds as recordings (the gateway's demo traffic is routing's, tagged
+    `gateway`; the replays re-run one of them)."""
+    trajectories = Trajectory.objects.exclude(tags__contains=["gateway"]).filter(replay_of__isnull=True)
     return trajectories if workspace is None else trajectories.filter(workspace=workspace)
 
 
@@ -32,6 +33,7 @@ def _counts() -> dict[str, int]:
         "scores": Score.objects.count(),
         "batches": IngestBatch.objects.count(),
         "keys": ApiKey.objects.count(),
+        "replays": Replay.objects.count(),
     }
 
 
@@ -43,6 +45,7 @@ def test_seeding_twice_adds_nothing(demo_workspace):
 
     assert _counts() == first
     assert added == 0
+    assert demo.demo_replays_seed(demo_workspace) == 0
     assert _recorded().count() == len(demo.week_plan()) + sum(
         1
         for session in demo.week_plan()
@@ -187,3 +190,29 @@ def test_the_refund_policy_sub_agent_runs_on_a_model_nothing_prices(demo_workspa
     assert "multi-trip" in trajectory.tags
     policy_calls = Span.objects.filter(workspace=demo_workspace, trace_id=trajectory.trace_id, model=demo.POLICY_MODEL)
     assert list(policy_calls.values_list("cost_usd", flat=True)) == [None, None]
+
+
+def test_the_demo_replays_a_refund_conversation_as_a_worker_would(demo_workspace):
+    replays = list(Replay.objects.filter(workspace=demo_workspace).select_related("prompt_version").order_by("pk"))
+
+    assert [(r.status, r.divergence_policy) for r in replays] == [
+        ("done", "stop"),
+        ("stopped_divergence", "stop"),
+        ("done", "stub"),
+    ]
+    answered, stopped, stubbed = replays
+    assert {r.original_id for r in replays} == {answered.original_id}
+    assert (answered.model, answered.prompt_version.version if answered.prompt_version else None) == (
+        demo.REPLAY_MODEL,
+        1,
+    )
+    assert answered.replay_trajectory is not None
+    assert answered.replay_trajectory.replay_of_id == answered.original_id
+    assert (stopped.divergence_tool_name, stubbed.divergence_tool_name) == ("issue_refund", "issue_refund")
+    assert stubbed.replay_trajectory is not None
+    served = {
+        (span.tool_name, span.attributes.get(replay.SOURCE_ATTRIBUTE))
+        for span in selectors.trajectory_spans(trajectory=stubbed.replay_trajectory)
+        if span.tool_name
+    }
+    assert ("issue_refund", "stub") in served
