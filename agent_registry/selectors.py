@@ -28,6 +28,7 @@ from agent_registry.models import (
     PromptLabelMove,
     PromptVersion,
     RequirementsVersion,
+    Role,
     User,
     WorkerHeartbeat,
     Workspace,
@@ -56,6 +57,11 @@ def membership_get(*, user: User, workspace_slug: str) -> Membership:
 
 def workspace_member_list(*, workspace: Workspace) -> QuerySet[Membership]:
     return workspace.memberships.select_related("user").order_by("user__username")
+
+
+def workspace_owner(*, workspace: Workspace) -> User | None:
+    """The workspace's first owner by username (as workspace_member_list orders them), if it has one."""
+    return next((m.user for m in workspace_member_list(workspace=workspace) if m.role == Role.OWNER), None)
 
 
 # --- API keys ---------------------------------------------------------------------------------

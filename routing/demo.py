@@ -17,7 +17,7 @@ from decimal import Decimal
 from typing import Any
 
 from agent_registry import selectors as registry_selectors
-from agent_registry.models import ApiKey, Role, Workspace
+from agent_registry.models import ApiKey, Workspace
 from agent_registry.services import apikey_create
 from routing import cache, gateway, services, shadow
 from routing.chat import ChatCompletionRequest
@@ -68,9 +68,7 @@ def _target(workspace: Workspace, alias: str, model: str, tier: str) -> ModelTar
 
 
 def _gateway_key(workspace: Workspace) -> ApiKey:
-    owner = next(
-        (m.user for m in registry_selectors.workspace_member_list(workspace=workspace) if m.role == Role.OWNER), None
-    )
+    owner = registry_selectors.workspace_owner(workspace=workspace)
     key, _ = apikey_create(workspace=workspace, name="demo gateway client", scopes=["gateway"], created_by=owner)
     return key
 
@@ -174,9 +172,7 @@ def demo_routing_seed(workspace: Workspace) -> int:
         _ask(key, "agent/ride-support", text, COMPANY, conversation=f"demo-b{index}")
     _settle(workspace)
 
-    owner = next(
-        (m.user for m in registry_selectors.workspace_member_list(workspace=workspace) if m.role == Role.OWNER), None
-    )
+    owner = registry_selectors.workspace_owner(workspace=workspace)
     hit = CacheHit.objects.filter(agent=shopping).order_by("similarity").first()
     if hit is not None and owner is not None:
         cache.cache_hit_review(hit=hit, false_hit=hit.similarity < 0.99, reviewed_by=owner)

@@ -39,7 +39,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from agent_registry import prompts
 from agent_registry import selectors as registry_selectors
 from agent_registry import services as registry_services
-from agent_registry.models import Agent, ApiKey, PromptType, PromptVersion, Role, User, Workspace
+from agent_registry.models import Agent, ApiKey, PromptType, PromptVersion, User, Workspace
 from tracing import alerts, sampling, selectors, services, triage
 from tracing.models import (
     DivergencePolicy,
@@ -1115,9 +1115,7 @@ def demo_traces_seed(workspace: Workspace) -> int:
     Returns how many trajectories were added.
     """
     agents = [registry_selectors.agent_get(workspace=workspace, slug=spec.slug) for spec in (SHOPPING, RIDE)]
-    owner = next(
-        (m.user for m in registry_selectors.workspace_member_list(workspace=workspace) if m.role == Role.OWNER), None
-    )
+    owner = registry_selectors.workspace_owner(workspace=workspace)
     prompts_by_agent = {spec.slug: _system_prompts(workspace, spec) for spec in (SHOPPING, RIDE)}
     recorders = {spec.slug: Recorder(spec.slug) for spec in (SHOPPING, RIDE)}
     try:
@@ -1215,9 +1213,7 @@ def demo_triage_seed(workspace: Workspace) -> None:
     Idempotent: settings, queues and rules are made once; rules are evaluated only until they first fire.
     Precondition: demo_traces_seed ran.
     """
-    owner = next(
-        (m.user for m in registry_selectors.workspace_member_list(workspace=workspace) if m.role == Role.OWNER), None
-    )
+    owner = registry_selectors.workspace_owner(workspace=workspace)
     ride = registry_selectors.agent_get(workspace=workspace, slug=RIDE.slug)
     if not TriageSettings.objects.filter(agent=ride).exists():
         triage.triage_settings_update(
@@ -1298,9 +1294,7 @@ def demo_replays_seed(workspace: Workspace) -> int:
 
     if Replay.objects.filter(workspace=workspace).exists():
         return 0
-    owner = next(
-        (m.user for m in registry_selectors.workspace_member_list(workspace=workspace) if m.role == Role.OWNER), None
-    )
+    owner = registry_selectors.workspace_owner(workspace=workspace)
     original = (
         Trajectory.objects.filter(
             workspace=workspace, agent__slug=RIDE.slug, tags__contains=[REPLAY_TAG_PICKED], replay_of__isnull=True

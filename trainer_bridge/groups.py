@@ -267,27 +267,19 @@ def same_prompt(rollouts: Iterable[Rollout]) -> list[list[Rollout]]:
     return list(by_prompt.values())
 
 
-def unpaired_by_prompt(rollouts: Iterable[Rollout]) -> int:
-    """Rewarded rollouts that a best-against-worst preference pair could have used, had the group been one prompt,
-    but cannot: the group's rewards differ, yet every rollout rewarded differently from them ran under another
-    prompt (their own prompt's rewards are all equal)."""
+def prompt_pairing(rollouts: Iterable[Rollout]) -> tuple[bool, int]:
+    """What preference pairs the rollouts' prompts allow (`same_prompt`, worked out once): whether some
+    prompt's rollouts have two distinct rewards (a best-against-worst pair exists), and how many rewarded
+    rollouts no pair can use because of their prompt: the group's rewards differ, yet every rollout rewarded
+    differently from them ran under another prompt (their own prompt's rewards are all equal)."""
     rewarded = [rollout for rollout in rollouts if rollout.reward is not None]
+    subgroups = same_prompt(rewarded)
+    varying = [
+        rewards_vary([rollout.reward for rollout in members if rollout.reward is not None]) for members in subgroups
+    ]
     if not rewards_vary([rollout.reward for rollout in rewarded if rollout.reward is not None]):
-        return 0
-    return sum(
-        len(members)
-        for members in same_prompt(rewarded)
-        if not rewards_vary([rollout.reward for rollout in members if rollout.reward is not None])
-    )
-
-
-def prompt_rewards_vary(rollouts: Iterable[Rollout]) -> bool:
-    """Some prompt's rollouts have two distinct rewards: a best-against-worst preference pair exists."""
-    rewarded = [rollout for rollout in rollouts if rollout.reward is not None]
-    return any(
-        rewards_vary([rollout.reward for rollout in members if rollout.reward is not None])
-        for members in same_prompt(rewarded)
-    )
+        return any(varying), 0
+    return any(varying), sum(len(members) for members, varies in zip(subgroups, varying, strict=True) if not varies)
 
 
 # --- Filters --------------------------------------------------------------------------------------------
@@ -505,7 +497,7 @@ class Preview:
     """What an export would hold. The `formats` checks read it: `pairable_groups` (a group with a correction, or
     two distinct rewards under one prompt: DPO's pairs), `rewarded`/`unrewarded` rollouts, `corrections`,
     `rewards.max`. `unpaired_by_prompt` counts the rollouts DPO cannot pair because the rollouts rewarded
-    differently from them ran under another prompt (see `unpaired_by_prompt`)."""
+    differently from them ran under another prompt (see `prompt_pairing`)."""
 
     groups: int
     rollouts: int
@@ -570,8 +562,9 @@ def preview(groups: Iterable[Group]) -> Preview:
         rewards.extend(own)
         group_corrections = sum(1 for rollout in group.rollouts if rollout.correction)
         corrections += group_corrections
-        pairable += prompt_rewards_vary(group.rollouts) or group_corrections > 0
-        unpaired += unpaired_by_prompt(group.rollouts)
+        prompt_pairs, prompt_unpaired = prompt_pairing(group.rollouts)
+        pairable += prompt_pairs or group_corrections > 0
+        unpaired += prompt_unpaired
         for rollout in group.rollouts:
             rollouts += 1
             unrewarded += rollout.reward is None

@@ -4,7 +4,7 @@ import pytest
 
 from agent_registry import services
 from agent_registry.models import Agent, AgentStatus, ApiKey, Prompt, RequirementsVersion
-from agent_registry.tests.factories import AgentFactory, requirements_answers
+from agent_registry.tests.factories import NO_TIER_LEFT, AgentFactory, requirements_answers
 
 pytestmark = pytest.mark.django_db
 
@@ -343,16 +343,7 @@ def test_agent_configuration_without_requirements_is_404(workspace, api_client_f
 def test_agent_configuration_when_the_latency_wall_rules_out_every_tier(workspace, api_client_for):
     # Saving such answers is refused now (test_api_requirements); a version stored before that still reads.
     agent = AgentFactory.create(workspace=workspace, slug="stuck")
-    answers = requirements_answers(
-        **{
-            "constraints.latency.latency_class": "inline",
-            "constraints.latency.hard_ceiling_ms": 1500,
-            "routing.mode": "single_level",
-            "routing.enabled_tiers": ["agentic"],
-            "routing.default_tier": "agentic",
-            "routing.escalation_rules": [],
-        }
-    )
+    answers = requirements_answers(**NO_TIER_LEFT)
     stored = RequirementsVersion.objects.create(agent=agent, version=1, answers=answers)
     Agent.objects.filter(pk=agent.pk).update(current_requirements=stored)
 

@@ -20,7 +20,7 @@ from agent_registry.requirements import (
     field_label,
     requirements_diff,
 )
-from agent_registry.tests.factories import requirements_answers
+from agent_registry.tests.factories import NO_TIER_LEFT, requirements_answers
 
 
 def _parse(**changes: Any) -> Requirements:
@@ -399,16 +399,7 @@ def test_an_inline_latency_wall_removes_the_agentic_tier():
 
 
 def test_a_latency_wall_that_rules_out_every_tier_leaves_no_default():
-    derived = _derived(
-        **{
-            "constraints.latency.latency_class": "inline",
-            "constraints.latency.hard_ceiling_ms": 1500,
-            "routing.mode": "single_level",
-            "routing.enabled_tiers": ["agentic"],
-            "routing.default_tier": "agentic",
-            "routing.escalation_rules": [],
-        }
-    )
+    derived = _derived(**NO_TIER_LEFT)
 
     assert derived["allowed_tiers"]["value"] == []
     assert derived["router"]["value"]["tiers"] == []

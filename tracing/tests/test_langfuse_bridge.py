@@ -319,15 +319,22 @@ def test_a_host_on_an_internal_address_is_a_422_naming_the_field(workspace, api_
     assert not LangfuseMirror.objects.exists()
 
 
-def test_a_redirect_to_an_address_not_permitted_is_refused_at_delivery(otel, workspace, langfuse, fake_dns, settings):
-    # The operator permits the Langfuse host by name only; it redirects to Keel's own loopback address.
+def _mirror_on_a_permitted_name(workspace, langfuse, fake_dns, settings) -> int:
+    """The mirror on `langfuse.internal`, which the operator permits by name only and which resolves to the
+    receiver on 127.0.0.1; returns the receiver's port."""
     settings.KEEL_OUTBOUND_ALLOW_PRIVATE = False
     settings.KEEL_OUTBOUND_ALLOWED_HOSTS = ["langfuse.internal"]
     fake_dns["langfuse.internal"] = ["127.0.0.1"]
-    port = langfuse.server.server_address[1]
+    port: int = langfuse.server.server_address[1]
     langfuse_bridge.langfuse_mirror_configure(
         workspace=workspace, host=f"http://langfuse.internal:{port}", public_key="pk", secret_key="sk"
     )
+    return port
+
+
+def test_a_redirect_to_an_address_not_permitted_is_refused_at_delivery(otel, workspace, langfuse, fake_dns, settings):
+    # The operator permits the Langfuse host by name only; it redirects to Keel's own loopback address.
+    port = _mirror_on_a_permitted_name(workspace, langfuse, fake_dns, settings)
     langfuse.redirect_to = f"http://127.0.0.1:{port}/elsewhere"
     _ingest(otel, workspace)
 
@@ -341,13 +348,7 @@ def test_a_redirect_to_an_address_not_permitted_is_refused_at_delivery(otel, wor
 
 
 def test_a_permitted_name_is_connected_to_at_the_address_checked(otel, workspace, langfuse, fake_dns, settings):
-    settings.KEEL_OUTBOUND_ALLOW_PRIVATE = False
-    settings.KEEL_OUTBOUND_ALLOWED_HOSTS = ["langfuse.internal"]
-    fake_dns["langfuse.internal"] = ["127.0.0.1"]
-    port = langfuse.server.server_address[1]
-    langfuse_bridge.langfuse_mirror_configure(
-        workspace=workspace, host=f"http://langfuse.internal:{port}", public_key="pk", secret_key="sk"
-    )
+    port = _mirror_on_a_permitted_name(workspace, langfuse, fake_dns, settings)
     _ingest(otel, workspace)
 
     assert _deliver_all() == [True]

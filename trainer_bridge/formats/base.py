@@ -33,7 +33,7 @@ class FormatCannotRepresent(ValueError):
 class Counts:
     """What a writer wrote: lines, groups that gave at least one line, rollouts used, rollouts left out; and
     what only some formats meet: rollouts DPO could not pair because the rollouts rewarded differently ran
-    under another prompt (`groups.unpaired_by_prompt`), images written from data: URLs, images kept as their
+    under another prompt (`groups.prompt_pairing`), images written from data: URLs, images kept as their
     http(s) URL (not downloaded), and image parts a row could not hold (dropped)."""
 
     lines: int = 0

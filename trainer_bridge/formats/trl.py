@@ -65,7 +65,7 @@ from trainer_bridge.formats.base import (
     tool_names_by_call_id,
     write_line,
 )
-from trainer_bridge.groups import Group, Preview, Rollout, image_part_url, unpaired_by_prompt
+from trainer_bridge.groups import Group, Preview, Rollout, image_part_url, prompt_pairing
 
 EXTENSION = "jsonl"
 
@@ -281,7 +281,7 @@ def dpo_write(groups: Iterable[Group], out: IO[bytes], *, threshold: float = DEF
         tally.rollouts += used
         tally.skipped += len(group.rollouts) - used
         tally.groups += bool(pairs)
-        tally.unpaired_by_prompt += unpaired_by_prompt(group.rollouts)
+        tally.unpaired_by_prompt += prompt_pairing(group.rollouts)[1]
     return tally.counts()
 
 
