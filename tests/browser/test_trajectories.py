@@ -115,7 +115,15 @@ def test_start_a_replay_and_read_the_diff(page: Page, seeded: dict[str, Any], mo
     monkeypatch.setattr(tasks.replay_execute, "delay", queued.append)
     base = seeded["url"]
     workspace: Workspace = seeded["workspace"]
-    original = Trajectory.objects.filter(workspace=workspace, tags__contains=["double-charge"]).order_by("trace_id")[0]
+    # A recorded conversation the demo has not replayed, nor one of its replays (they keep its tags).
+    original = (
+        Trajectory.objects.filter(
+            workspace=workspace, tags__contains=["double-charge"], replay_of__isnull=True, replay_runs__isnull=True
+        )
+        .order_by("trace_id")
+        .first()
+    )
+    assert original is not None
     view = selectors.trajectory_view(trajectory=original)
     first_call = next(step for step in view.steps if step.kind == "llm_call")
     lookup = view.tool_calls[0]
