@@ -33,6 +33,7 @@ from config.errors import KeelError
 from config.process_cache import TtlCache
 from config.redact import redact
 from routing import embedding as embedder
+from routing import providers
 from routing.models import (
     EMBEDDING_DIMENSIONS,
     CacheEntry,
@@ -127,12 +128,7 @@ def _target_key(target: ModelTarget) -> str:
 def _provider_embed(*, text: str, target: ModelTarget) -> list[float]:
     import litellm  # takes seconds to import; only processes that embed through a provider pay for it
 
-    arguments: dict[str, Any] = {"model": target.model, "input": [text], "timeout": target.timeout_seconds}
-    if target.api_base:
-        arguments["api_base"] = target.api_base
-    if target.api_key_encrypted:
-        arguments["api_key"] = crypto.decrypt(target.api_key_encrypted)
-    response = litellm.embedding(**arguments)
+    response = litellm.embedding(**providers.call_arguments(target), input=[text])
     item = response.data[0]
     values = item["embedding"] if isinstance(item, Mapping) else item.embedding
     if not isinstance(values, Sequence) or isinstance(values, str) or not values:

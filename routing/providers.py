@@ -29,10 +29,11 @@ from openai import OpenAIError
 
 from config import crypto, write_behind
 from config.errors import KeelError
+from config.process_cache import TtlCache
 from config.redact import redact
 from routing import demo_provider
 from routing.models import ModelTarget
-from tracing import pricing
+from tracing import outbound, pricing
 from tracing import selectors as tracing_selectors
 
 logger = logging.getLogger("routing.providers")
@@ -130,10 +131,38 @@ def _retryable(error: Exception) -> bool:
     return code is None or code >= 500 or code in (408, 409, 429)
 
 
+class ApiBaseRefused(OpenAIError):
+    """The target's server is at an address Keel does not send to (tracing/outbound.py,
+    `OutboundPolicy.for_model_servers`). A provider error like any other: the attempt fails, is recorded on
+    the target, and the fallbacks are tried."""
+
+
+# How long a checked API base stays checked in this process: its host is resolved at most this often,
+# not on every call. A name rebound to a forbidden address is caught within this many seconds.
+API_BASE_CHECK_SECONDS = 30.0
+_api_bases_checked: TtlCache[tuple[str, tuple[str, ...], str], str] = TtlCache(
+    seconds=API_BASE_CHECK_SECONDS, size=1024
+)
+
+
+def api_base_check(api_base: str) -> None:
+    """Raise ApiBaseRefused when `api_base` is at a forbidden address now. A target saved with a good one
+    can still reach here with a bad one: its name may resolve elsewhere since, or it was stored before the
+    rule, or it came from the environment."""
+    key = (api_base, tuple(settings.KEEL_OUTBOUND_ALLOWED_HOSTS), settings.KEEL_OUTBOUND_RESOLVER)
+    verdict = _api_bases_checked.get(key)
+    if verdict is None:
+        verdict = outbound.OutboundPolicy.for_model_servers().url_refusal(api_base) or ""
+        _api_bases_checked.put(key, verdict)
+    if verdict:
+        raise ApiBaseRefused(f"the model server's address is refused: {verdict}")
+
+
 def call_arguments(target: ModelTarget) -> dict[str, Any]:
-    """What litellm needs to reach the target, its key decrypted."""
+    """What litellm needs to reach the target, its key decrypted. Raises ApiBaseRefused."""
     arguments: dict[str, Any] = {"model": target.model, "timeout": target.timeout_seconds}
     if target.api_base:
+        api_base_check(target.api_base)
         arguments["api_base"] = target.api_base
     if target.api_key_encrypted:
         arguments["api_key"] = crypto.decrypt(target.api_key_encrypted)

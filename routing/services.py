@@ -95,7 +95,9 @@ TIMEOUT_SECONDS_MAX: Final = 600.0
 def api_base_error(api_base: str) -> str | None:
     """What is wrong with an API base (None: nothing). Not Django's URLValidator: it wants a top-level
     domain, and a model server is often reached by a bare host name, such as a Compose service's
-    (`http://ollama:11434`, `http://vllm:8000/v1`). litellm speaks HTTP to it, so http(s) only."""
+    (`http://ollama:11434`, `http://vllm:8000/v1`). litellm speaks HTTP to it, so http(s) only. Private and
+    loopback hosts are fine; a cloud's metadata service is not (`OutboundPolicy.for_model_servers`), and
+    each call checks again (`providers.call_arguments`)."""
     if not api_base:
         return None
     longest = ModelTarget._meta.get_field("api_base").max_length or 0
@@ -109,7 +111,7 @@ def api_base_error(api_base: str) -> str | None:
         return "is not a valid URL"
     if parts.scheme not in ("http", "https") or not host or any(char.isspace() for char in api_base):
         return "must be an http(s) URL with a host, e.g. http://127.0.0.1:8000/v1"
-    return None
+    return outbound.OutboundPolicy.for_model_servers().url_refusal(api_base)
 
 
 def _destination(target: ModelTarget) -> tuple[str, str]:

@@ -1,5 +1,6 @@
 """Where Keel may send requests that a workspace member (or owner) configures: alert webhooks, the
-Langfuse mirror and agents' tool endpoints (routing's agentic tier).
+Langfuse mirror, agents' tool endpoints (routing's agentic tier) and model servers (a looser rule for
+those: `OutboundPolicy.for_model_servers`).
 
 Any member who can save an alert rule chooses the URL that Keel's worker POSTs to, so without a check
 that URL is a server-side request forgery: `http://127.0.0.1:5432/`, `http://169.254.169.254/` (a cloud's
@@ -19,6 +20,7 @@ as is a redirect to a forbidden host (each hop is a new connection, checked the 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import ipaddress
 import re
@@ -47,6 +49,9 @@ METADATA_ADDRESSES: frozenset[Address] = frozenset(
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 # inet_aton reads "127.1", "0x7f.0.0.1" and "2130706433" as 127.0.0.1, and so does the resolver.
 _LEGACY_IPV4 = re.compile(r"^(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+)){0,3}$", re.IGNORECASE)
+
+
+_METADATA = "a cloud metadata address"
 
 
 class AddressRefused(Exception):
@@ -91,7 +96,7 @@ def _unwrapped(address: Address) -> Address:
 def _kind(address: Address) -> str | None:
     """Why an address is not public (None when it is)."""
     if address in METADATA_ADDRESSES:
-        return "a cloud metadata address"
+        return _METADATA
     if address.is_loopback:
         return "loopback"
     if address.is_unspecified:
@@ -124,6 +129,15 @@ class OutboundPolicy:
             resolver=import_string(settings.KEEL_OUTBOUND_RESOLVER),
         )
 
+    @classmethod
+    def for_model_servers(cls) -> OutboundPolicy:
+        """The rule for model servers (a model target's `api_base`, which litellm connects to): private and
+        loopback addresses are allowed, since a model server is as often on this machine or a closed network
+        (vLLM, Ollama, a Compose service) as in a cloud; a cloud's metadata service is not, unless
+        KEEL_OUTBOUND_ALLOWED_HOSTS names it. Anyone who may edit a model target chooses where the gateway
+        sends its requests, and a metadata service answers with the machine's credentials."""
+        return dataclasses.replace(cls.from_settings(), allow_private=True)
+
     def _address_refusal(self, address: Address) -> str | None:
         address = _unwrapped(address)
         if any(address in network for network in self.allowed_networks):
@@ -154,6 +168,11 @@ class OutboundPolicy:
             refusal = self._address_refusal(ipaddress.ip_address(text.split("%", 1)[0]))
             if refusal is not None:
                 where = text if literal is not None else f"{host} resolves to {text}, which"
+                if refusal == _METADATA:
+                    raise AddressRefused(
+                        f"{where} is {refusal}: Keel never sends to one unless the operator names it "
+                        "(KEEL_OUTBOUND_ALLOWED_HOSTS)"
+                    )
                 raise AddressRefused(
                     f"{where} is {refusal}: Keel sends only to public addresses unless the operator permits "
                     "others (KEEL_OUTBOUND_ALLOW_PRIVATE, KEEL_OUTBOUND_ALLOWED_HOSTS)"

@@ -81,7 +81,10 @@ def test_a_webhook_to_an_internal_address_is_a_422_naming_the_field(workspace, a
     body = response.json()
     assert body["code"] == "alert_rule_invalid"
     assert [error["field"] for error in body["errors"]] == ["webhook_url"]
-    assert "Keel sends only to public addresses" in body["errors"][0]["message"]
+    # A metadata address is never permitted by KEEL_OUTBOUND_ALLOW_PRIVATE, and its refusal says so.
+    assert "Keel sends only to public addresses" in body["errors"][0]["message"] or (
+        "a cloud metadata address: Keel never sends to one" in body["errors"][0]["message"]
+    )
     assert AlertRule.objects.count() == 0
 
 
