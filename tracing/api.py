@@ -153,6 +153,7 @@ class SessionOut(Schema):
     error_count: int
     user_id: str
     unpriced_calls: int = Field(description="model calls of its trajectories with no cost, not in `cost_usd`")
+    unpriced_models: list[str] = Field(description="the models those calls named (at most 20)")
 
 
 class SessionDetailOut(Schema):

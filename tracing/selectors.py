@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -271,6 +271,12 @@ class SessionSummary:
     error_count: int
     user_id: str
     unpriced_calls: int = 0
+    # The models of those calls, sorted, each once (at most SESSION_UNPRICED_MODELS of them).
+    unpriced_models: tuple[str, ...] = ()
+
+
+# How many unpriced models a session names: the dashboard shows them in a tooltip.
+SESSION_UNPRICED_MODELS = 20
 
 
 @dataclass(frozen=True)
@@ -303,6 +309,9 @@ def session_list(
         last, session_id = _session_cursor_decode(cursor)
         rows = rows.filter(Q(last__lt=last) | Q(last=last, session_id__lt=session_id))
     found = list(rows.order_by("-last", "-session_id")[: limit + 1])
+    unpriced_models = _sessions_unpriced_models(
+        workspace, agent_ids, [row["session_id"] for row in found[:limit] if row["unpriced"]]
+    )
     items = [
         SessionSummary(
             session_id=row["session_id"],
@@ -314,11 +323,29 @@ def session_list(
             error_count=row["errors"] or 0,
             user_id=row["user"] or "",
             unpriced_calls=row["unpriced"] or 0,
+            unpriced_models=unpriced_models.get(row["session_id"], ()),
         )
         for row in found[:limit]
     ]
     more = len(found) > limit
     return SessionPage(items, _cursor_encode(items[-1].ended_at.isoformat(), items[-1].session_id) if more else None)
+
+
+def _sessions_unpriced_models(
+    workspace: Workspace, agent_ids: AgentIds, session_ids: Sequence[str]
+) -> dict[str, tuple[str, ...]]:
+    """The models of the sessions' unpriced calls, per session: one read of the trajectories that have any."""
+    if not session_ids:
+        return {}
+    models: dict[str, set[str]] = {}
+    rows = (
+        _visible(workspace, agent_ids)
+        .filter(session_id__in=session_ids, unpriced_call_count__gt=0)
+        .values_list("session_id", "unpriced_models")
+    )
+    for session_id, names in rows:
+        models.setdefault(session_id, set()).update(names)
+    return {session_id: tuple(sorted(names)[:SESSION_UNPRICED_MODELS]) for session_id, names in models.items()}
 
 
 def _summed_cost(cost: Decimal | None, unpriced_calls: int) -> Decimal | None:

@@ -153,8 +153,10 @@ def test_the_session_pages_show_an_unknown_cost_as_unknown(costs, client, worksp
     assert (sessions["s-dark"].cost_usd, sessions["s-dark"].unpriced_calls) == (None, 2)
     assert (sessions["s-mixed"].cost_usd, sessions["s-mixed"].unpriced_calls) == (mixed.cost_usd, 2)
     assert (sessions["s-priced"].unpriced_calls, "s-priced" in sessions) == (0, True)
+    assert (sessions["s-dark"].unpriced_models, sessions["s-priced"].unpriced_models) == ((SELF_HOSTED,), ())
     listed_page = listed.content.decode()
     assert f"{usd(mixed.cost_usd)} + 2 unpriced" in listed_page
+    assert f'title="{html.escape(DARK_NOTE)}"' in listed_page  # the tooltip names the model, as on the session page
     assert (dark_session.context["cost_usd"], dark_session.context["unpriced_calls"]) == (None, 2)
     assert dark_session.context["unpriced_models"] == [SELF_HOSTED]
     assert f'title="{html.escape(DARK_NOTE)}"' in dark_session.content.decode()

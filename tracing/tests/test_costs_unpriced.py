@@ -202,6 +202,8 @@ def test_a_sessions_cost_is_unknown_only_when_none_of_its_turns_was_priced(otel,
 
     totals = {session["session_id"]: (session["cost_usd"], session["unpriced_calls"]) for session in listed}
     assert totals == {"dark": (None, 3), "mixed": ("0.00350000", 1), "priced": ("0.00350000", 0)}
+    models = {session["session_id"]: session["unpriced_models"] for session in listed}
+    assert models == {"dark": [SELF_HOSTED], "mixed": [SELF_HOSTED], "priced": []}
 
 
 @pytest.mark.parametrize(
