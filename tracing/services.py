@@ -723,12 +723,18 @@ class _SignalConfigs:
         return self.histories[agent_id].for_trajectory(seen, counted)
 
     def report(
-        self, agent_id: int | None, view: TrajectoryView, counted: Collection[str] | None
+        self,
+        agent_id: int | None,
+        view: TrajectoryView,
+        counted: Collection[str] | None,
+        *,
+        session_continues: bool = False,
     ) -> signals.SignalReport:
         """The trajectory's signals, judged by its agent's configuration and tool result history (see
-        `_ShapeHistory.for_trajectory` for `counted`); the report carries the shapes of its results."""
+        `_ShapeHistory.for_trajectory` for `counted`); the report carries the shapes of its results.
+        `session_continues`: the trajectory's session has a later trajectory (see `signals_compute`)."""
         if agent_id is None:
-            return signals.signals_compute(view)
+            return signals.signals_compute(view, session_continues=session_continues)
         if agent_id not in self.configs:
             self.configs[agent_id] = _signal_settings.get(
                 agent_id, functools.partial(_signal_settings_for_agent, agent_id)
@@ -736,6 +742,7 @@ class _SignalConfigs:
         return signals.signals_compute(
             view,
             self.configs[agent_id],
+            session_continues=session_continues,
             tool_result_history=lambda seen: self._history(agent_id, seen, counted),
         )
 
@@ -840,14 +847,34 @@ def _ns_datetime(ns: int) -> datetime:
     return datetime.fromtimestamp(ns / 1e9, tz=UTC)
 
 
+def _session_id(view: TrajectoryView) -> str:
+    """The trajectory's `session_id` as stored ("" for none)."""
+    return (view.session_id or "")[:500]
+
+
+@dataclass(frozen=True, slots=True)
+class _Reassessment:
+    """What a trajectory's signals were computed from, kept while its batch is written: to compute them
+    again if its session turns out to go on (`_left_after_error_withdraw`)."""
+
+    trace_id: str
+    agent_id: int | None
+    view: TrajectoryView
+    counted: Collection[str]
+
+
 @dataclass(frozen=True, slots=True)
 class _Assembled:
     """A trace as assembled for writing: its trajectory row's values (`_TRAJECTORY_UPDATE_COLUMNS`, the row
-    id left as None), its spans not stored yet, and their tool results' shapes (agent, tool, key, shape)."""
+    id left as None), its spans not stored yet, and their tool results' shapes (agent, tool, key, shape).
+    `session_id` is its session's ("" for none); `reassessment` is set when it has a session and its
+    signals say the user left after an error, which a later trajectory of the session would withdraw."""
 
     values: tuple[Any, ...]
     fresh: Sequence[otlp.Span]
     shapes: list[tuple[int, str, str, dict[str, str]]]
+    session_id: str = ""
+    reassessment: _Reassessment | None = None
 
 
 @dataclass
@@ -866,6 +893,9 @@ class _BatchWrite:
     # (agent id, tool name, shape key) -> results of that shape the batch's new spans carry
     shape_counts: Counter[tuple[int, str, str]] = dataclasses.field(default_factory=Counter)
     shapes: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    # The sessions of the trajectories written, and those of them flagged `left_after_error` (by trace id).
+    sessions: set[str] = dataclasses.field(default_factory=set)
+    left_after_error: dict[str, _Reassessment] = dataclasses.field(default_factory=dict)
 
     def trajectory(
         self, trace_id: str, agent_id: int | None, stored: Sequence[otlp.Span], fresh: Sequence[otlp.Span]
@@ -875,8 +905,14 @@ class _BatchWrite:
         view = trajectory_view_build(trace_spans, trace_id=trace_id)
         if agent_id is None:
             agent_id = self.agents.resolve(view.agent_name)
-        # Triage as the spans arrive: a trajectory's signals are current whenever it is read.
-        report = self.signal_configs.report(agent_id, view, counted={span.span_id for span in stored})
+        # Triage as the spans arrive: a trajectory's signals are current whenever it is read. Whether its
+        # session goes on is learnt once the batch is written (`_left_after_error_withdraw`).
+        counted = {span.span_id for span in stored}
+        report = self.signal_configs.report(agent_id, view, counted=counted)
+        session_id = _session_id(view)
+        reassessment = None
+        if session_id and any(instance.kind == "left_after_error" for instance in report.instances):
+            reassessment = _Reassessment(trace_id, agent_id, view, counted)
         shapes = []
         if agent_id is not None:
             fresh_ids = {span.span_id for span in fresh}
@@ -888,10 +924,16 @@ class _BatchWrite:
             _trajectory_values(None, agent_id, view, _trajectory_metadata(trace_spans), report, self.now),
             fresh,
             shapes,
+            session_id,
+            reassessment,
         )
 
     def written(self, trajectory_id: int, assembled: _Assembled) -> None:
         """The trajectory is written: its fresh spans are to be stored, and their result shapes counted."""
+        if assembled.session_id:
+            self.sessions.add(assembled.session_id)
+        if assembled.reassessment is not None:
+            self.left_after_error[assembled.reassessment.trace_id] = assembled.reassessment
         for agent_id, tool_name, key, shape in assembled.shapes:
             self.shapes[key] = shape
             self.shape_counts[agent_id, tool_name, key] += 1
@@ -942,6 +984,10 @@ def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence
     already is locked and re-assembled from all of its spans. Concurrent batches never wait on each other
     in a cycle: each inserts its new rows first and then locks the existing ones, both in trace-id order,
     and an insert that meets another batch's row waits for that batch to commit, then finds it existing.
+
+    Then, for a batch whose trajectories have sessions, one query finds the trajectories of those sessions,
+    the batch's or stored, that say the user left after an error while the session goes on after them, and
+    computes their signals again (`_left_after_error_withdraw`).
     """
     if not spans:
         return 0
@@ -979,6 +1025,8 @@ def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence
                 batch.written(trajectory_id, assembled[trace_id])
         if existing:
             _trajectories_reassemble(cursor, workspace.pk, sorted(existing), by_trace, batch)
+        if batch.sessions:
+            _left_after_error_withdraw(cursor, workspace.pk, batch)
         if batch.span_rows:
             with cursor.copy(f"COPY tracing_span ({', '.join(_SPAN_COLUMNS)}) FROM STDIN") as copy:
                 for row in batch.span_rows:
@@ -1026,6 +1074,75 @@ def _trajectories_reassemble(
         batch.written(trajectory_id, assembled)
     if updates:
         _trajectories_update(cursor, updates)
+
+
+# A trajectory flagged `left_after_error` whose session (same workspace, same non-empty session id) has a
+# trajectory that started after it: the user came back. Run after the batch wrote its trajectories, so the
+# batch's own are among both the flagged and the later ones, whatever order they came in. Read through the
+# (workspace, session_id) index, only the rows of the batch's sessions, and `signal_names` before the
+# signals; the rows found are locked in trace-id order, as the batch locked the others.
+_LEFT_AFTER_ERROR_CONTINUED = """
+    SELECT t.id, t.trace_id, t.agent_id FROM tracing_trajectory AS t
+    WHERE t.workspace_id = %s AND t.session_id = ANY(%s)
+        AND t.signal_names @> ARRAY['disengagement']::varchar[] AND t.signals @> %s::jsonb
+        AND EXISTS (
+            SELECT 1 FROM tracing_trajectory AS later
+            WHERE later.workspace_id = t.workspace_id AND later.session_id = t.session_id
+                AND later.started_at > t.started_at
+        )
+    ORDER BY t.trace_id
+    FOR UPDATE OF t
+"""
+_LEFT_AFTER_ERROR_INSTANCE = json_dumps([{"signal": "disengagement", "kind": "left_after_error"}])
+
+_SIGNAL_UPDATE_COLUMNS = (
+    ("id", "bigint"),
+    ("signals", "text"),
+    ("signal_names", "text"),
+    ("triage_score", "double precision"),
+    ("signal_errors", "text"),
+    ("updated_at", "timestamptz"),
+)
+
+
+def _left_after_error_withdraw(cursor: Any, workspace_id: int, batch: _BatchWrite) -> None:
+    """Compute again, knowing that their session goes on, the signals of the trajectories of the batch's
+    sessions that say the user left after an error while a later trajectory of the session exists: the
+    batch's own (from the views they were assembled from) and those stored before (from their spans).
+
+    One query for a batch with sessions, and no more unless it finds such trajectories (a user who came
+    back after an error), which are then read in one query and written in one."""
+    cursor.execute(_LEFT_AFTER_ERROR_CONTINUED, [workspace_id, sorted(batch.sessions), _LEFT_AFTER_ERROR_INSTANCE])
+    found: list[tuple[int, str, int | None]] = cursor.fetchall()
+    if not found:
+        return
+    kept = batch.left_after_error
+    stored = selectors.trace_spans(
+        workspace_id=workspace_id, trace_ids=[trace_id for _, trace_id, _ in found if trace_id not in kept]
+    )
+    updates = []
+    for trajectory_id, trace_id, agent_id in found:
+        reassessment = kept.get(trace_id)
+        if reassessment is not None:
+            report = batch.signal_configs.report(
+                reassessment.agent_id, reassessment.view, reassessment.counted, session_continues=True
+            )
+        else:
+            # Ingest has counted every result of a stored trajectory (`counted=None`), as on a recompute.
+            view = trajectory_view_build(stored[trace_id], trace_id=trace_id)
+            report = batch.signal_configs.report(agent_id, view, None, session_continues=True)
+        triage = signal_report_json(report)
+        updates.append(
+            (
+                trajectory_id,
+                json_dumps(triage["signals"]),
+                json_dumps(triage["signal_names"]),
+                triage["triage_score"],
+                json_dumps(triage["signal_errors"]),
+                batch.now,
+            )
+        )
+    _trajectories_update(cursor, updates, _SIGNAL_UPDATE_COLUMNS)
 
 
 _TOOL_NAME_LENGTH = ToolResultShape._meta.get_field("tool_name").max_length or 0
@@ -1193,7 +1310,7 @@ def _trajectory_values(
         _trajectory_cost(totals),
         totals.unpriced_call_count,
         json_dumps([model[:_MODEL_LENGTH] for model in totals.unpriced_models[:UNPRICED_MODELS_KEPT]]),
-        (view.session_id or "")[:500],
+        _session_id(view),
         (view.user_id or "")[:500],
         json_dumps(sorted({tag[:200] for tag in view.tags})),
         (view.task_id or "")[:500],
@@ -1257,14 +1374,16 @@ def _trajectories_insert(
     return dict(cursor.fetchall())
 
 
-def _trajectories_update(cursor: Any, updates: list[tuple[Any, ...]]) -> None:
-    names = [name for name, _ in _TRAJECTORY_UPDATE_COLUMNS]
+def _trajectories_update(
+    cursor: Any, updates: list[tuple[Any, ...]], columns: Sequence[tuple[str, str]] = _TRAJECTORY_UPDATE_COLUMNS
+) -> None:
+    """Set the `columns` (the row id first) of each trajectory to its values in `updates`."""
+    names = [name for name, _ in columns]
     assignments = ", ".join(f"{name} = {_EXPRESSIONS.get(name, f'v.{name}')}" for name in names[1:])
-    columns = [list(column) for column in zip(*updates, strict=True)]
+    arrays = [list(column) for column in zip(*updates, strict=True)]
     cursor.execute(
-        f"UPDATE tracing_trajectory AS t SET {assignments} "
-        f"FROM {_unnest(_TRAJECTORY_UPDATE_COLUMNS)} WHERE t.id = v.id",
-        columns,
+        f"UPDATE tracing_trajectory AS t SET {assignments} FROM {_unnest(columns)} WHERE t.id = v.id",
+        arrays,
     )
 
 
@@ -1650,12 +1769,18 @@ def trajectory_signals_recompute(*, trajectory_ids: Sequence[int]) -> int:
     detectors, the weights or the step assembly changed; returns how many were updated."""
     updated = 0
     configs = _SignalConfigs()
-    for trajectory in Trajectory.objects.filter(pk__in=trajectory_ids).only(
-        "pk", "trace_id", "agent_id", "workspace_id"
+    # As at ingest (`_LEFT_AFTER_ERROR_CONTINUED`): a later trajectory of the session means the user came back.
+    later = Trajectory.objects.filter(
+        workspace_id=OuterRef("workspace_id"), session_id=OuterRef("session_id"), started_at__gt=OuterRef("started_at")
+    ).exclude(session_id="")
+    for trajectory in (
+        Trajectory.objects.filter(pk__in=trajectory_ids)
+        .only("pk", "trace_id", "agent_id", "workspace_id")
+        .annotate(session_continues=Exists(later))
     ):
         view = selectors.trajectory_view(trajectory=trajectory)
         # Ingest has counted every result of the trajectory by now (`counted=None`); the counts stay.
-        report = configs.report(trajectory.agent_id, view, counted=None)
+        report = configs.report(trajectory.agent_id, view, counted=None, session_continues=trajectory.session_continues)
         Trajectory.objects.filter(pk=trajectory.pk).update(
             **signal_report_json(report), view_document=_stored_view_document(view)
         )

@@ -38,6 +38,12 @@ Rules worth knowing:
   limit is `exhaustion` instead; a hand-off is an answer). A trajectory that ends on the agent's question
   ("Which booking do you mean?") is not flagged: asking is a normal turn, and a team that traces one
   request per trace gets the user's answer in the session's next trajectory.
+- `disengagement/left_after_error` is the conversation ending right after the agent reports a failure, with
+  the user not coming back. For a team that traces one request per trace (Keel's gateway does), only the
+  session tells whether the user came back: a caller that knows the trajectory's session (same workspace,
+  same non-empty `session_id`) has a later trajectory, one started after it, passes
+  `signals_compute(..., session_continues=True)` and the flag is not raised. The view alone cannot tell;
+  the default, False, reads the trajectory as the whole conversation.
 - A tool result is a failure by its structure: an error status, flag, code or field, or a text that is an
   error message (its first line opens like one, or its last line is how a failing program ends). Error
   words or an HTTP status inside prose ("HTTP 404 means the resource was not found") are not a failure.
@@ -1235,10 +1241,18 @@ class _Analysis:
     A property that raises fails only the detectors that read it.
     """
 
-    def __init__(self, view: TrajectoryView, config: SignalConfig, history: ShapeHistory | None = None) -> None:
+    def __init__(
+        self,
+        view: TrajectoryView,
+        config: SignalConfig,
+        history: ShapeHistory | None = None,
+        *,
+        session_continues: bool = False,
+    ) -> None:
         self.view = view
         self.config = config
         self.history = history
+        self.session_continues = session_continues
         self.limits = config.thresholds
         self.phrases = config.phrase_lists
         self._tokens: dict[int, list[str]] = {}
@@ -1919,6 +1933,9 @@ def _silent_ending(analysis: _Analysis) -> list[SignalInstance]:
         return _unanswered_question(analysis, last)
     if _handoff_announced(analysis, last) or any(call.is_handoff for call in analysis.calls):
         return []
+    if analysis.session_continues:
+        # The user's next request is the session's next trajectory: they came back after the error.
+        return []
     if analysis.found(last, "error_report") is not None or (
         analysis.calls and analysis.calls[-1].error_kind is not None and not _recovered_after_last_error(analysis)
     ):
@@ -2474,11 +2491,15 @@ def signals_compute(
     view: TrajectoryView,
     config: SignalConfig | None = None,
     *,
+    session_continues: bool = False,
     detectors: Sequence[tuple[str, Detector]] | None = None,
     tool_result_history: ShapeHistory | None = None,
 ) -> SignalReport:
     """Run every detector (`DETECTORS` unless given) on one trajectory. Never raises for odd trajectories:
     a detector that fails is recorded in `detector_errors` and the others still run.
+
+    `session_continues`: the trajectory's session has a later trajectory, so a conversation that ends on
+    the agent's failure report is not one the user left (`disengagement/left_after_error`, see the rules).
 
     `tool_result_history`, when given, replaces `config.tool_result_shapes`: it receives the shapes of
     the trajectory's results and returns the history to compare them with, and the report carries
@@ -2488,7 +2509,7 @@ def signals_compute(
     config = config or DEFAULT_CONFIG
     # Read at call time, not bound as a default, so the registry is the one place that lists detectors.
     detectors = DETECTORS if detectors is None else detectors
-    analysis = _Analysis(view, config, tool_result_history)
+    analysis = _Analysis(view, config, tool_result_history, session_continues=session_continues)
     instances: list[SignalInstance] = []
     errors: list[DetectorError] = []
     for name, detector in detectors:
