@@ -563,14 +563,20 @@ _SPAN_COLUMNS = (
 def _priced(span: otlp.Span, overrides: Mapping[str, pricing.ModelPrice]) -> otlp.Span:
     """A generation span with its cost: the one it reports, else from the workspace's prices or litellm's.
 
-    A reported cost of 0 gives way to a price of the workspace's own: SDKs report 0 for a model their own
-    price map lacks (a fine-tune, a self-hosted model), and that is what a workspace price is set for."""
+    A reported cost of 0 for a call that used tokens is read as the sender's "no price": SDKs (Langfuse's
+    among them) report 0 for a model their own price map lacks (a fine-tune, a self-hosted model). It gives
+    way to a price of the workspace's own, which is what such a price is set for; with no price known to Keel
+    either, the call is unpriced (no cost, counted in `unpriced_calls`), not free. With litellm's price only,
+    the sender's 0 stands: it may be a model served at no charge under a known name."""
     if span.span_type != "generation":
         return span
     if span.cost_usd is not None:
-        unpriced_by_sender = span.cost_usd == 0 and span.model and pricing.override_find(span.model, overrides)
-        if not unpriced_by_sender:
+        if span.cost_usd != 0 or not span.model or not (span.usage.input_tokens or span.usage.output_tokens):
             return span
+        if pricing.override_find(span.model, overrides) is None:
+            if pricing.price_find(span.model) is not None:
+                return span
+            return dataclasses.replace(span, cost_usd=None)
     usage = span.usage
     cost = pricing.generation_cost(
         span.model,

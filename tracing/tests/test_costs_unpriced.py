@@ -114,14 +114,35 @@ def test_a_reported_cost_counts_as_priced_and_a_reported_zero_yields_to_the_work
     with tracer.start_as_current_span("invoke_agent", attributes={"gen_ai.operation.name": "invoke_agent"}):
         with _chat(tracer, "reported/model", **{"gen_ai.usage.cost": 0.25}):
             pass
-        with _chat(tracer, "zero/model", **{"gen_ai.usage.cost": 0.0}):  # a sender's 0 stands without a price
-            pass
         with _chat(tracer, SELF_HOSTED, **{"gen_ai.usage.cost": 0.0}):  # 1000 × 1e-6 + 100 × 2e-6
+            pass
+        with _chat(tracer, "gpt-4o", **{"gen_ai.usage.cost": 0.0}):  # litellm's price alone: the sender's 0 stands
+            pass
+        with _chat(tracer, "zero/model", 0, 0, **{"gen_ai.usage.cost": 0.0}):  # no tokens used: 0 is a cost
             pass
     otel.ingest(workspace)
 
     trajectory = Trajectory.objects.get(workspace=workspace)
     assert (trajectory.cost_usd, trajectory.unpriced_call_count) == (Decimal("0.25120000"), 0)
+
+
+def test_a_reported_zero_for_a_model_no_price_covers_is_unpriced_not_free(otel, workspace, api_client_for):
+    """Langfuse's SDKs, among others, report 0 for a model their price map lacks: that is their "no price"."""
+    tracer = otel.tracer()
+    with tracer.start_as_current_span("invoke_agent", attributes={"gen_ai.operation.name": "invoke_agent"}):
+        with _chat(tracer, "gpt-4o"):
+            pass
+        with _chat(tracer, SELF_HOSTED, **{"gen_ai.usage.cost": 0.0}):
+            pass
+    otel.ingest(workspace)
+
+    trajectory = Trajectory.objects.get(workspace=workspace)
+    assert (trajectory.cost_usd, trajectory.unpriced_call_count, trajectory.unpriced_models) == (
+        GPT_4O_CALL,
+        1,
+        [SELF_HOSTED],
+    )
+    assert Span.objects.get(model=SELF_HOSTED).cost_usd is None
 
 
 def test_a_failed_call_with_no_usage_is_not_an_unpriced_one_but_a_call_with_no_usage_is(otel, workspace):
