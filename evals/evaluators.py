@@ -14,10 +14,11 @@ score carries the stored evaluator's name and version, whatever the object repor
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent_registry.models import Agent
 from evals import judges, trajectory_metrics, verifiers
 from evals.models import Evaluator
 from routing import providers
@@ -101,6 +102,26 @@ class Built:
         except Exception:  # noqa: BLE001 - evaluate_safely turns it into an errored score
             return verifiers.evaluate_safely(self.single, item, output)
         return result
+
+
+def agent_mismatches(
+    chosen: Iterable[Evaluator], *, agent: Agent | None, field: str = "evaluators"
+) -> list[dict[str, str]]:
+    """One problem ({"field", "message"}) per evaluator of `chosen` that belongs to an agent other than
+    `agent`. An agent's suite, run or online rule takes its own evaluators and the workspace-wide ones (no
+    agent); what has no agent itself (a workspace-wide suite) may take any of the workspace's."""
+    if agent is None:
+        return []
+    return [
+        {
+            "field": field,
+            "message": f"the evaluator {evaluator.name} belongs to the agent {evaluator.agent.slug}, "
+            f"not to {agent.slug}",
+        }
+        for evaluator in chosen
+        # The agent is read only for a mismatch, to name it.
+        if evaluator.agent_id not in (None, agent.pk) and evaluator.agent is not None
+    ]
 
 
 def _model_text(target: ModelTarget) -> judges.Complete:

@@ -59,6 +59,18 @@ class EvaluatorInvalid(ValidationFailed):
     code = "evaluator_invalid"
 
 
+# An agent's suites, runs and online rules use its own evaluators and the workspace-wide ones (no agent):
+# another agent's evaluator judges by that agent's rubric, policy and judge model. Each refusal below is a
+# kind of the error its interface already shows (a suite's, a rule's), with this one code.
+EVALUATOR_AGENT_MISMATCH = "evaluator_agent_mismatch"
+
+
+class EvaluatorAgentMismatch(EvaluatorInvalid):
+    """A new evaluator version (or a pairwise judge) that would judge another agent's suites, rules or runs."""
+
+    code = EVALUATOR_AGENT_MISMATCH
+
+
 class SuiteNotFound(NotFound):
     code = "suite_not_found"
 
@@ -71,6 +83,12 @@ class SuiteInvalid(ValidationFailed):
     code = "suite_invalid"
 
 
+class SuiteEvaluatorAgentMismatch(SuiteInvalid):
+    """A suite of one agent given an evaluator of another agent."""
+
+    code = EVALUATOR_AGENT_MISMATCH
+
+
 class RunNotFound(NotFound):
     code = "run_not_found"
 
@@ -81,6 +99,12 @@ class OnlineRuleNotFound(NotFound):
 
 class OnlineRuleInvalid(ValidationFailed):
     code = "online_rule_invalid"
+
+
+class OnlineRuleEvaluatorAgentMismatch(OnlineRuleInvalid):
+    """An online rule of one agent given an evaluator of another agent."""
+
+    code = EVALUATOR_AGENT_MISMATCH
 
 
 class RolloutsInvalid(ValidationFailed):

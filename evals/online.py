@@ -158,9 +158,15 @@ def trajectory_evaluate(
 
 
 def _built(rule: OnlineRule) -> list[evaluators.Built]:
+    chosen = list(rule.evaluators.order_by("name"))
+    # A rule given another agent's evaluator before rules refused that scores nothing until it is edited:
+    # like a broken evaluator, the tick logs it and the watermark waits.
+    mismatches = evaluators.agent_mismatches(chosen, agent=rule.agent)
+    if mismatches:
+        raise evaluators.EvaluatorConfigError("evaluators", mismatches[0]["message"])
     return [
         evaluators.build(evaluators.Snapshot.of(evaluator), workspace_id=rule.workspace_id, agent_id=rule.agent_id)
-        for evaluator in rule.evaluators.order_by("name")
+        for evaluator in chosen
     ]
 
 
@@ -237,11 +243,25 @@ def _rule_problems(*, sample_rate: object, delay_seconds: object, filter: object
     return problems
 
 
-def _evaluator_problems(evaluators_used: Sequence[Evaluator]) -> list[dict[str, str]]:
+def _evaluator_problems(agent: Agent, evaluators_used: Sequence[Evaluator]) -> list[dict[str, str]]:
+    problems: list[dict[str, str]] = []
+    if any(evaluator.workspace_id != agent.workspace_id for evaluator in evaluators_used):
+        problems.append({"field": "evaluators", "message": "an evaluator of another workspace"})
     # A pairwise judge compares two answers; a rule has one trajectory to score, so it could never run.
     if any(evaluator.type in evaluators.PAIRWISE_TYPES for evaluator in evaluators_used):
-        return [{"field": "evaluators", "message": "a pairwise judge compares two runs; it cannot score a trajectory"}]
-    return []
+        problems.append(
+            {"field": "evaluators", "message": "a pairwise judge compares two runs; it cannot score a trajectory"}
+        )
+    return problems
+
+
+def _rule_refused(problems: list[dict[str, str]], mismatches: list[dict[str, str]]) -> exceptions.OnlineRuleInvalid:
+    """The error for a rule's problems; another agent's evaluator comes first and gives the error its code."""
+    if mismatches:
+        return exceptions.OnlineRuleEvaluatorAgentMismatch(
+            f"invalid online rule: {mismatches[0]['message']}", errors=[*mismatches, *problems]
+        )
+    return exceptions.OnlineRuleInvalid(f"invalid online rule: {problems[0]['message']}", errors=problems)
 
 
 @transaction.atomic
@@ -260,13 +280,12 @@ def online_rule_create(
     problems = _rule_problems(sample_rate=sample_rate, delay_seconds=delay_seconds, filter=dict(filter or {}))
     if not evaluators_used:
         problems.append({"field": "evaluators", "message": "name at least one evaluator"})
-    if any(evaluator.workspace_id != agent.workspace_id for evaluator in evaluators_used):
-        problems.append({"field": "evaluators", "message": "an evaluator of another workspace"})
-    problems += _evaluator_problems(evaluators_used)
+    problems += _evaluator_problems(agent, evaluators_used)
     if OnlineRule.objects.filter(workspace_id=agent.workspace_id, name=name).exists():
         problems.append({"field": "name", "message": "a rule with this name exists"})
-    if problems:
-        raise exceptions.OnlineRuleInvalid(f"invalid online rule: {problems[0]['message']}", errors=problems)
+    mismatches = evaluators.agent_mismatches(evaluators_used, agent=agent)
+    if problems or mismatches:
+        raise _rule_refused(problems, mismatches)
     rule = OnlineRule(
         workspace_id=agent.workspace_id,
         agent=agent,
@@ -299,9 +318,10 @@ def online_rule_update(*, rule: OnlineRule, **fields: Any) -> OnlineRule:
         delay_seconds=fields.get("delay_seconds", rule.delay_seconds),
         filter=fields.get("filter", rule.filter),
     )
-    problems += _evaluator_problems(fields.get("evaluators_used", ()))
-    if problems:
-        raise exceptions.OnlineRuleInvalid(f"invalid online rule: {problems[0]['message']}", errors=problems)
+    problems += _evaluator_problems(rule.agent, fields.get("evaluators_used", ()))
+    mismatches = evaluators.agent_mismatches(fields.get("evaluators_used", ()), agent=rule.agent)
+    if problems or mismatches:
+        raise _rule_refused(problems, mismatches)
     with transaction.atomic():
         for key in allowed & set(fields):
             setattr(rule, key, fields[key])

@@ -79,6 +79,13 @@ class RunNotStartable(exceptions.EvalsConflict):
     code = "run_not_startable"
 
 
+class RunEvaluatorAgentMismatch(RunNotStartable):
+    """A suite of one agent that holds an evaluator of another (attached before suites refused that): its
+    runs are refused, on demand, on the schedule and for a moved label alike, until the suite is edited."""
+
+    code = exceptions.EVALUATOR_AGENT_MISMATCH
+
+
 # --- Making a run ---------------------------------------------------------------------------------------
 
 
@@ -146,11 +153,14 @@ def run_create(
             f"the dataset {suite.dataset.name} has no items yet",
             errors=[{"field": "dataset", "message": "the dataset has no version"}],
         )
+    chosen = [link.evaluator for link in suite.suite_evaluators.select_related("evaluator").order_by("position", "id")]
+    mismatches = evaluators.agent_mismatches(chosen, agent=suite.agent)
+    if mismatches:
+        raise RunEvaluatorAgentMismatch(
+            f"the suite {suite.name} cannot run: {mismatches[0]['message']}", errors=mismatches
+        )
     pinned = _prompt_version(suite, prompt_version)
-    snapshots = [
-        evaluators.Snapshot.of(link.evaluator).as_json()
-        for link in suite.suite_evaluators.select_related("evaluator").order_by("position", "id")
-    ]
+    snapshots = [evaluators.Snapshot.of(evaluator).as_json() for evaluator in chosen]
     samples = 1 if suite.target == SuiteTarget.RECORDED else suite.samples
     label = f" v{pinned.version}" if pinned is not None else ""
     run = Run(
@@ -952,6 +962,12 @@ def runs_compare_pairwise(
     """The candidate's answers against the baseline's, item by item (the first answered sample of each),
     by a pairwise judge asked in both orders: a win only when both orders agree. Raises ModelUnavailable
     when the judge's model cannot be reached."""
+    for run in (baseline, candidate):
+        mismatches = evaluators.agent_mismatches([evaluator], agent=run.agent, field="judge")
+        if mismatches:
+            raise exceptions.EvaluatorAgentMismatch(
+                f"the judge cannot compare run {run.pk}: {mismatches[0]['message']}", errors=mismatches
+            )
     judge = evaluators.build_pairwise(
         evaluators.Snapshot.of(evaluator), workspace_id=candidate.workspace_id, agent_id=candidate.agent_id
     )

@@ -303,6 +303,7 @@ def evaluator_create(
         evaluator.version = previous.version + 1
         evaluator.agent = agent or previous.agent
         evaluator.description = description or previous.description
+        _evaluator_users_check(evaluator)
     evaluator.save()
     if previous is not None:
         SuiteEvaluator.objects.filter(evaluator__workspace=workspace, evaluator__name=name).update(evaluator=evaluator)
@@ -310,6 +311,37 @@ def evaluator_create(
             rule.evaluators.remove(*rule.evaluators.filter(name=name))
             rule.evaluators.add(evaluator)
     return evaluator
+
+
+def _evaluator_users_check(evaluator: Evaluator) -> None:
+    """A new version takes over the suites and online rules that use its name: refused when one of them
+    belongs to another agent than the version's (a workspace-wide evaluator given an agent, or one moved
+    to another agent), which would leave that suite or rule judged by another agent's evaluator."""
+    if evaluator.agent is None:
+        return
+    named = {"workspace_id": evaluator.workspace_id, "name": evaluator.name}
+    others = [
+        f"the suite {name}"
+        for name in Suite.objects.filter(
+            suite_evaluators__evaluator__in=Evaluator.objects.filter(**named), agent__isnull=False
+        )
+        .exclude(agent=evaluator.agent)
+        .order_by("name")
+        .values_list("name", flat=True)
+        .distinct()
+    ] + [
+        f"the online rule {name}"
+        for name in OnlineRule.objects.filter(evaluators__in=Evaluator.objects.filter(**named))
+        .exclude(agent=evaluator.agent)
+        .order_by("name")
+        .values_list("name", flat=True)
+        .distinct()
+    ]
+    if others:
+        message = f"this version would judge {', '.join(others)}, of another agent than {evaluator.agent.slug}"
+        raise exceptions.EvaluatorAgentMismatch(
+            f"invalid evaluator: agent: {message}", errors=[{"field": "agent", "message": message}]
+        )
 
 
 # --- Suites ---------------------------------------------------------------------------------------------
@@ -393,6 +425,9 @@ def _suite_evaluators_set(suite: Suite, chosen: Sequence[Evaluator]) -> None:
         raise exceptions.SuiteInvalid(
             "an evaluator of another workspace", errors=[{"field": "evaluators", "message": "unknown evaluator"}]
         )
+    mismatches = evaluators.agent_mismatches(chosen, agent=suite.agent)
+    if mismatches:
+        raise exceptions.SuiteEvaluatorAgentMismatch(f"invalid suite: {mismatches[0]['message']}", errors=mismatches)
     if any(evaluator.type in evaluators.PAIRWISE_TYPES for evaluator in chosen):
         raise exceptions.SuiteInvalid(
             "a pairwise judge compares two runs (GET /runs/compare?judge=...); it cannot score a suite's samples",
@@ -531,7 +566,7 @@ def suites_propose(*, agent: Agent, created_by: User | None = None) -> Proposal:
     Idempotent: what exists is left as the team edited it."""
     from agent_registry import requirements as requirements_module
     from agent_registry import selectors as registry_selectors
-    from evals import online, schedules
+    from evals import evaluators, online, schedules
 
     answers = registry_selectors.requirements_current(agent=agent)
     if answers is None:
@@ -549,6 +584,15 @@ def suites_propose(*, agent: Agent, created_by: User | None = None) -> Proposal:
     def evaluator_for(metric: Any, *, trajectory: bool) -> Evaluator:
         existing = Evaluator.objects.filter(workspace=workspace, name=metric.name).order_by("-version").first()
         if existing is not None:
+            # Evaluator names are the workspace's: another agent's evaluator of the same metric judges by
+            # that agent's rubric and policy, so it is not taken, and this agent's cannot have the name.
+            mismatches = evaluators.agent_mismatches([existing], agent=agent)
+            if mismatches:
+                raise exceptions.SuiteEvaluatorAgentMismatch(
+                    f"the metric {metric.name} cannot be proposed: {mismatches[0]['message']} "
+                    "(evaluator names are unique in a workspace)",
+                    errors=mismatches,
+                )
             return existing
         return evaluator_create(
             workspace=workspace,
