@@ -4,8 +4,11 @@ A team that wants to fine-tune the ride-support bot on what it has seen:
 - It curates groups from the ride suite's eval runs (k = 4 per item). The demo model answers a request the
   same way every time, so the suite's two runs give every sample of an item the same score and a group
   relative update would learn nothing; as a team would, it first collects contrasting rollouts: the same
-  regression set on the single-call tier (a suite of its own, so the nightly suite's history is unchanged).
-  The groups are the dataset items, rewarded by `reference_similarity`, which differs between the tiers.
+  regression set on the single-call tier with the live prompt, answered by the tier's fast model and, for a
+  second run, by the strong one (a suite of its own, so the nightly suite's history is unchanged).
+  The groups are the dataset items, rewarded by `reference_similarity`. ART and NeMo Gym groups hold one prompt's
+  rollouts (`groups.separate_prompts`): the nightly runs (prompt v1 and v2, on the chain tier) are prompts of
+  their own whose rewards do not vary, and go; what trains is the two models' answers to the live prompt.
 - It curates the triaged production trajectories of the ride-support bot (triage signals of a struggling
   conversation), grouped by first request and ranked within each group by the RULER-style judge.
 - A support lead corrects, in each eval group, the live prompt's worst answer with the question's reference
@@ -42,6 +45,7 @@ from agent_registry.models import PromptVersion, Role, User, Workspace
 from evals import runs
 from evals import services as evals_services
 from evals.models import Run, RunSample, Suite
+from routing import services as routing_services
 from tracing import services as tracing_services
 from tracing.models import BatchStatus, IngestBatch, ScoreDataType, ScoreSource, Trajectory
 from trainer_bridge import groups, jobs, services
@@ -64,6 +68,7 @@ TRAINING_CONFIG = {
     "validation_every": 4,
     "max_length": 512,
 }
+STRONG_TARGET = "demo-strong"  # routing/demo.py's strong model, whose answers differ from the fast one's
 SERVE = {"model": "keel-demo/ride-support-grpo"}  # the FAKE demo provider, not the adapter (see above)
 # Holds 2 of the regression set's 8 questions out for validation (a quarter, as asked), both with answers whose
 # rewards differ within the job's max_length, so the job has a validation score (seed 2's pair has not). Groups
@@ -81,8 +86,8 @@ def demo_trainer_seed(workspace: Workspace) -> None:
     owner = next(m.user for m in registry_selectors.workspace_member_list(workspace=workspace) if m.role == Role.OWNER)
     suite = Suite.objects.get(workspace=workspace, name=SUITE)
     _settle(workspace)  # the eval runs' spans are still in their ingest batches
-    rollouts = _rollouts_run(suite, owner)
-    eval_runs = [*Run.objects.filter(suite=suite).order_by("pk").values_list("pk", flat=True), rollouts.pk]
+    rollouts = _rollouts_runs(suite, owner)
+    eval_runs = [*Run.objects.filter(suite=suite).order_by("pk").values_list("pk", flat=True), *rollouts]
     query, reward = {"runs": eval_runs}, {"source": "run_score", "evaluator": REWARD_EVALUATOR}
     eval_groups = services.curation_create(
         workspace=workspace,
@@ -136,9 +141,10 @@ def _settle(workspace: Workspace) -> None:
         tracing_services.span_batch_process(batch_id=batch_id)
 
 
-def _rollouts_run(suite: Suite, owner: User) -> Run:
+def _rollouts_runs(suite: Suite, owner: User) -> list[int]:
     """The regression set answered on the single-call tier with the live prompt (v2), k = 4, scored by the
-    nightly suite's evaluators."""
+    nightly suite's evaluators: once by the tier's model and once by the strong model (the tier pointed at it
+    for that run, then back), so that each question has answers to one prompt whose rewards differ."""
     rollouts = evals_services.suite_create(
         workspace=suite.workspace,
         name=ROLLOUT_SUITE,
@@ -152,11 +158,18 @@ def _rollouts_run(suite: Suite, owner: User) -> Run:
         created_by=owner,
     )
     live = PromptVersion.objects.get(prompt__workspace=suite.workspace, prompt__name="ride-support/system", version=2)
-    run = runs.run_create(suite=rollouts, prompt_version=live, created_by=owner, dispatch=False)
-    runs.run_execute(run_id=run.pk, inline=True)
-    _settle(suite.workspace)
-    run.refresh_from_db()
-    return run
+    assert suite.agent is not None
+    tier_model = routing_services.router_config_get_or_create(agent=suite.agent).single_call_target
+    made = []
+    for target in (tier_model, STRONG_TARGET):
+        if target != tier_model:
+            routing_services.router_config_update(agent=suite.agent, single_call_target=target, updated_by=owner)
+        run = runs.run_create(suite=rollouts, prompt_version=live, created_by=owner, dispatch=False)
+        runs.run_execute(run_id=run.pk, inline=True)
+        _settle(suite.workspace)
+        made.append(run.pk)
+    routing_services.router_config_update(agent=suite.agent, single_call_target=tier_model, updated_by=owner)
+    return made
 
 
 def _corrections(curation: Curation, owner: User) -> None:

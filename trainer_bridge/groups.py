@@ -8,6 +8,13 @@ A group is every rollout of one task. The task is named, in this order, by the r
 (`item:<id>`), its `task.id` attribute (`task:<id>`), else its first user request normalised
 (`request:<text>`, see `request_normalise`), so that the same question asked twice is one task.
 
+A task can be asked under more than one prompt (`rollout_prompt`: two prompt versions, two system prompts, two order
+numbers that normalise to one request). The group-relative formats (ART's TrajectoryGroups, trained with GRPO, and
+NeMo Gym's tasks) need each group to be samples of one prompt, since a rollout's advantage is its reward against its
+group's mean: the export service runs `separate_prompts` on their groups before the filters, so every filter below
+sees one-prompt groups. The other formats keep the task's group (DPO pairs within a prompt on its own, see
+`prompt_pairing`; SFT, KTO and OpenAI rows are one rollout each).
+
 The filters, and the choices they make:
 - `drop_unrewarded`: rollouts without a reward carry nothing for a reward-driven update; a group left empty goes.
 - `drop_equal_rewards`: a group whose rewards are all equal has zero advantage everywhere (GRPO and ART skip
@@ -91,17 +98,22 @@ class Rollout:
 
 @dataclass(frozen=True, slots=True)
 class Group:
-    """The rollouts of one task. `task_id` is the grouping key, `task_text` the first user request as asked."""
+    """The rollouts of one task. `task_id` is the grouping key, `task_text` the first user request as asked.
+    `task_prompts` is how many prompts the task's rollouts ran under when `separate_prompts` made this group one
+    prompt's share of its task (1: the group is its whole task)."""
 
     task_id: str
     task_text: str
     rollouts: tuple[Rollout, ...]
     split: Split = "train"
+    task_prompts: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rollouts", tuple(self.rollouts))
         if self.split not in SPLITS:
             raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {self.split!r}")
+        if isinstance(self.task_prompts, bool) or not isinstance(self.task_prompts, int) or self.task_prompts < 1:
+            raise ValueError(f"task_prompts must be a positive integer, got {self.task_prompts!r}")
 
     @property
     def rewards(self) -> list[float]:
@@ -265,6 +277,32 @@ def same_prompt(rollouts: Iterable[Rollout]) -> list[list[Rollout]]:
     for rollout in rollouts:
         by_prompt.setdefault(rollout_prompt(rollout), []).append(rollout)
     return list(by_prompt.values())
+
+
+def separate_prompts(groups: Iterable[Group]) -> Iterator[Group]:
+    """Each group as one group per prompt (`same_prompt`: in the order each prompt first came, rollouts in
+    their order), for the group-relative formats; a one-prompt group passes unchanged, so running this twice
+    changes nothing. Streams: it holds one group at a time.
+
+    Separated rather than keeping the task's largest prompt and dropping the rest: to ART (a TrajectoryGroup is
+    the rollouts of one scenario, RULER ranks them against each other) and to GRPO (TRL's GRPOTrainer samples
+    `num_generations` completions of each prompt) a task asked under v1 and v2 of a prompt is two prompts, so
+    two groups; the larger share is not the better prompt (the retired version often has more traffic), and
+    each share's rewards still compare responses to one prompt. A share that cannot teach anything (one
+    rollout, equal rewards) then goes through the size and reward filters as any group does.
+
+    Each share keeps the task's `task_id` (so the validation split, a hash of it, puts every share of a task on
+    the same side), takes its own first request as `task_text`, and says in `task_prompts` how many shares its
+    task had."""
+    for group in groups:
+        shares = same_prompt(group.rollouts)
+        if len(shares) <= 1:
+            yield group
+            continue
+        for share in shares:
+            yield replace(
+                group, task_text=first_user_request(share[0].messages), rollouts=tuple(share), task_prompts=len(shares)
+            )
 
 
 def prompt_pairing(rollouts: Iterable[Rollout]) -> tuple[bool, int]:
@@ -497,7 +535,10 @@ class Preview:
     """What an export would hold. The `formats` checks read it: `pairable_groups` (a group with a correction, or
     two distinct rewards under one prompt: DPO's pairs), `rewarded`/`unrewarded` rollouts, `corrections`,
     `rewards.max`. `unpaired_by_prompt` counts the rollouts DPO cannot pair because the rollouts rewarded
-    differently from them ran under another prompt (see `prompt_pairing`)."""
+    differently from them ran under another prompt (see `prompt_pairing`). `mixed_prompt_groups` counts the
+    groups whose rollouts ran under more than one prompt (`rollout_prompt`): a group-relative export (ART,
+    NeMo Gym) would separate them. `tasks_separated_by_prompt` counts the tasks `separate_prompts` made into one
+    group per prompt, of those with a group left after the filters (0 unless the groups were separated)."""
 
     groups: int
     rollouts: int
@@ -506,6 +547,8 @@ class Preview:
     corrections: int
     pairable_groups: int
     unpaired_by_prompt: int
+    mixed_prompt_groups: int
+    tasks_separated_by_prompt: int
     splits: Mapping[str, int]
     group_sizes: Mapping[int, int]  # group size -> number of groups
     rewards: RewardDistribution
@@ -547,9 +590,18 @@ def rollout_signals(rollout: Rollout) -> list[str]:
     return []
 
 
+def separated_task(group: Group, previous: Group | None) -> bool:
+    """Whether `group` is the first share of a task `separate_prompts` separated, given the group before it:
+    the shares of a task come one after another (`separate_prompts` yields them so, and no filter reorders
+    groups), so counting tasks holds nothing but the previous group."""
+    return group.task_prompts > 1 and (previous is None or previous.task_id != group.task_id)
+
+
 def preview(groups: Iterable[Group]) -> Preview:
     """The figures of the groups, in one pass holding only their rewards."""
     group_count = rollouts = unrewarded = corrections = pairable = unpaired = tokens = 0
+    mixed = separated = 0
+    previous: Group | None = None
     rewards: list[float] = []
     sizes: Counter[int] = Counter()
     splits: Counter[str] = Counter()
@@ -565,6 +617,9 @@ def preview(groups: Iterable[Group]) -> Preview:
         prompt_pairs, prompt_unpaired = prompt_pairing(group.rollouts)
         pairable += prompt_pairs or group_corrections > 0
         unpaired += prompt_unpaired
+        mixed += len({rollout_prompt(rollout) for rollout in group.rollouts}) > 1
+        separated += separated_task(group, previous)
+        previous = group
         for rollout in group.rollouts:
             rollouts += 1
             unrewarded += rollout.reward is None
@@ -578,6 +633,8 @@ def preview(groups: Iterable[Group]) -> Preview:
         corrections=corrections,
         pairable_groups=pairable,
         unpaired_by_prompt=unpaired,
+        mixed_prompt_groups=mixed,
+        tasks_separated_by_prompt=separated,
         splits={split: splits[split] for split in SPLITS},
         group_sizes=dict(sorted(sizes.items())),
         rewards=reward_distribution(rewards),

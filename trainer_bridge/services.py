@@ -13,7 +13,7 @@ import hashlib
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -246,7 +246,7 @@ def _judged(group: groups.Group, judge: _GroupJudge) -> groups.Group:
         groups.Rollout(**{**_fields(rollout), "reward": reward})
         for rollout, reward in zip(group.rollouts, rewards, strict=True)
     )
-    return groups.Group(task_id=group.task_id, task_text=group.task_text, rollouts=rollouts, split=group.split)
+    return replace(group, rollouts=rollouts)
 
 
 def _fields(rollout: groups.Rollout) -> dict[str, Any]:
@@ -288,7 +288,12 @@ class _Tally:
 def selected_groups(
     workspace: Workspace, snapshot: Mapping[str, Any], tally: _Tally | None = None
 ) -> Iterator[groups.Group]:
-    """The curation's groups after its filters (deterministic: the same data gives the same groups)."""
+    """The curation's groups after its filters (deterministic: the same data gives the same groups).
+
+    With `snapshot["separate_prompts"]` (set for a group-relative export format) each task's rollouts are first
+    separated into one group per prompt (`groups.separate_prompts`), before the group judge and the filters: RULER
+    ranks a group's rollouts against each other, and the size and reward filters must see the groups the file
+    will hold."""
     tally = tally if tally is not None else _Tally()
     judge = _group_judge(workspace, snapshot["reward"])
 
@@ -302,6 +307,8 @@ def selected_groups(
             yield made
 
     grouped: Iterator[groups.Group] = groups.group_rollouts(rollouts())
+    if snapshot.get("separate_prompts", False):
+        grouped = groups.separate_prompts(grouped)
     if judge is not None:
         grouped = (_judged(group, judge) for group in grouped)
     curated = groups.curate(grouped, _filters(snapshot["filters"]))
@@ -358,13 +365,19 @@ def export_create(
         raise ExportRefused(
             f"split must be one of {', '.join(EXPORT_SPLITS)}", errors=[{"field": "split", "message": "unknown split"}]
         )
-    snapshot = {**curation_snapshot(curation), "threshold": threshold, "split": split}
+    snapshot = {
+        **curation_snapshot(curation),
+        "threshold": threshold,
+        "split": split,
+        "separate_prompts": formats.format_get(format).group_relative,
+    }
     found = curation_preview(workspace=curation.workspace, snapshot=snapshot)
     if found.preview.groups == 0:
         of_split = "" if split == EXPORT_SPLIT_ALL else f" in its {split} split"
+        by_prompt = ", one group per prompt of each task," if snapshot["separate_prompts"] else ""
         raise ExportRefused(
-            f"the curation selects no groups{of_split} ({found.trajectories} trajectories; after grouping and "
-            "filters none is left)",
+            f"the curation selects no groups{of_split} ({found.trajectories} trajectories; after grouping"
+            f"{by_prompt} and filters none is left)",
             errors=[{"field": "curation", "message": "selects no groups"}],
             preview=found.as_dict(),
         )
@@ -429,7 +442,12 @@ def export_execute(*, export_id: int) -> Export | None:
     export = _claim(export_id)
     if export is None:
         return None
-    snapshot = export.curation_snapshot
+    # An export queued before snapshots recorded `separate_prompts` takes its format's: its file must not mix
+    # prompts in a group even if its preview did.
+    snapshot = {
+        "separate_prompts": formats.format_get(export.format).group_relative,
+        **export.curation_snapshot,
+    }
     final = export_dir() / f"export-{export.pk}-{export.format}.jsonl"
     partial = final.with_suffix(".partial")
     try:
@@ -441,6 +459,7 @@ def export_execute(*, export_id: int) -> Export | None:
                 curation={
                     **{key: snapshot[key] for key in ("id", "name", "query", "grouping", "reward", "filters")},
                     "split": snapshot.get("split", EXPORT_SPLIT_ALL),
+                    "separate_prompts": snapshot["separate_prompts"],
                 },
                 created_at=timezone.now(),
                 threshold=float(snapshot.get("threshold", formats.DEFAULT_REWARD_THRESHOLD)),

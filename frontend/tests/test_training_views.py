@@ -323,6 +323,8 @@ def test_the_preview_and_the_manifest_say_what_was_left_unpaired_for_a_prompt_mi
         partial
     )
     assert "<li data-manifest-note>1 rewarded rollouts were left unpaired: in their group, every rollout" in page
+    # The same group, under two system prompts, is two groups to ART and NeMo Gym.
+    assert "<span data-preview-mixed>1 group mixes prompts: ART and NeMo Gym exports make each prompt" in partial
 
 
 def test_cancelling_an_export(gateway: Any, run: Run) -> None:

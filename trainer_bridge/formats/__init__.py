@@ -19,6 +19,17 @@ How the export service uses them, so that a refused export writes nothing:
 `check` reads only the preview, so the first pass can run the same query again rather than hold the
 groups (curation is deterministic: the same rollouts give the same groups). `format_get` raises
 `UnknownFormat` for a name not in `FORMATS`.
+
+A `group_relative` format (ART, NeMo Gym) trains each rollout against its group's mean reward, so its groups
+hold the rollouts of one prompt. For it, both passes separate the groups by prompt before curating them (and
+before a group judge ranks them), so that the filters see the groups the file will hold:
+
+    grouped = groups_from_query()
+    if format_get(name).group_relative:
+        grouped = separate_prompts(grouped)                         # one group per prompt of each task
+    summary = preview(curate(grouped, filters))
+
+Its writer separates again (a one-prompt group passes unchanged), so a mixed group never reaches the file.
 """
 
 from __future__ import annotations
@@ -57,6 +68,7 @@ class ExportFormat:
     content_type: str
     write: Writer
     check: Checker
+    group_relative: bool = False  # its groups hold one prompt's rollouts (see the module docstring)
 
 
 class UnknownFormat(ValueError):
@@ -67,12 +79,12 @@ _JSONL: Final = "application/jsonl"
 FORMATS: Final[dict[str, ExportFormat]] = {
     export_format.name: export_format
     for export_format in (
-        ExportFormat("art", "jsonl", _JSONL, art.write, art.check),
+        ExportFormat("art", "jsonl", _JSONL, art.write, art.check, group_relative=art.GROUP_RELATIVE),
         ExportFormat("trl_sft", "jsonl", _JSONL, trl.sft_write, trl.sft_check),
         ExportFormat("trl_dpo", "jsonl", _JSONL, trl.dpo_write, trl.dpo_check),
         ExportFormat("trl_kto", "jsonl", _JSONL, trl.kto_write, trl.kto_check),
         ExportFormat("openai", "jsonl", _JSONL, openai_ft.write, openai_ft.check),
-        ExportFormat("nemo_gym", "jsonl", _JSONL, gym.write, gym.check),
+        ExportFormat("nemo_gym", "jsonl", _JSONL, gym.write, gym.check, group_relative=gym.GROUP_RELATIVE),
     )
 }
 

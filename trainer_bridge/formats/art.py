@@ -18,6 +18,12 @@ trainable Choice without token ids. A dict assistant message is trained exactly 
 recorded trajectories needs in any case; without it the turns are context. ART's metadata values are
 scalars, so list and object metadata (signals, scores) is written as its JSON text; metrics keep only
 numbers and booleans. A rollout without a reward is left out (ART's reward would silently default to 0).
+
+A group is the rollouts of one prompt (`groups.separate_prompts`): ART computes each trajectory's advantage
+against its group's mean reward (and RULER ranks a group's trajectories against each other), so a group of two
+prompt versions would teach which prompt scored better, not which response. The export service separates the
+groups before its filters; `write` separates again (a one-prompt group passes unchanged) so that no caller can
+write a mixed group. The shares of a task keep its `task_id`; the manifest counts the tasks separated.
 """
 
 from __future__ import annotations
@@ -34,10 +40,11 @@ from trainer_bridge.formats.base import (
     scalar_metadata,
     write_line,
 )
-from trainer_bridge.groups import Group, Preview, Rollout
+from trainer_bridge.groups import Group, Preview, Rollout, separate_prompts
 
 NAME = "art"
 EXTENSION = "jsonl"
+GROUP_RELATIVE = True  # see the module docstring
 
 
 def trajectory_as_dict(rollout: Rollout, group: Group) -> dict[str, Any]:
@@ -81,13 +88,13 @@ def check(preview: Preview, *, threshold: float = DEFAULT_REWARD_THRESHOLD) -> N
 
 def write(groups: Iterable[Group], out: IO[bytes], *, threshold: float = DEFAULT_REWARD_THRESHOLD) -> Counts:
     tally = Tally()
-    for group in groups:
+    for group in separate_prompts(groups):
         line = group_as_dict(group)
         if line is None:
             tally.skipped += len(group.rollouts)
             continue
         write_line(out, line, tally)
-        tally.groups += 1
+        tally.group_written(group)
         tally.rollouts += len(line["trajectories"])
         tally.skipped += len(group.rollouts) - len(line["trajectories"])
     return tally.counts()

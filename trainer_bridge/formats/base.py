@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Final
 
-from trainer_bridge.groups import Group, Rollout, message_text, rewards_vary, same_prompt
+from trainer_bridge.groups import Group, Rollout, message_text, rewards_vary, same_prompt, separated_task
 
 # Rewards at or above this are "good": for SFT and OpenAI rows, and KTO's label. Binary rewards pass at 1,
 # as in evals.gym; a continuous reward (a judge's score) needs the caller's threshold.
@@ -33,14 +33,16 @@ class FormatCannotRepresent(ValueError):
 class Counts:
     """What a writer wrote: lines, groups that gave at least one line, rollouts used, rollouts left out; and
     what only some formats meet: rollouts DPO could not pair because the rollouts rewarded differently ran
-    under another prompt (`groups.prompt_pairing`), images written from data: URLs, images kept as their
-    http(s) URL (not downloaded), and image parts a row could not hold (dropped)."""
+    under another prompt (`groups.prompt_pairing`), tasks a group-relative format wrote as one group per prompt
+    (`groups.separate_prompts`), images written from data: URLs, images kept as their http(s) URL (not
+    downloaded), and image parts a row could not hold (dropped)."""
 
     lines: int = 0
     groups: int = 0
     rollouts: int = 0
     skipped: int = 0
     unpaired_by_prompt: int = 0
+    tasks_separated_by_prompt: int = 0
     images: int = 0
     image_urls: int = 0
     images_dropped: int = 0
@@ -52,6 +54,8 @@ class Tally:
     def __init__(self) -> None:
         self.lines = self.groups = self.rollouts = self.skipped = 0
         self.unpaired_by_prompt = self.images = self.image_urls = self.images_dropped = 0
+        self.tasks_separated_by_prompt = 0
+        self._previous: Group | None = None
 
     def counts(self) -> Counts:
         return Counts(
@@ -60,10 +64,17 @@ class Tally:
             rollouts=self.rollouts,
             skipped=self.skipped,
             unpaired_by_prompt=self.unpaired_by_prompt,
+            tasks_separated_by_prompt=self.tasks_separated_by_prompt,
             images=self.images,
             image_urls=self.image_urls,
             images_dropped=self.images_dropped,
         )
+
+    def group_written(self, group: Group) -> None:
+        """Count a group that gave lines, and the task it is a share of when `separate_prompts` made it."""
+        self.groups += 1
+        self.tasks_separated_by_prompt += separated_task(group, self._previous)
+        self._previous = group
 
 
 def json_line(value: Any) -> bytes:

@@ -8,6 +8,11 @@ assistant text as a `message` item and its tool calls as `function_call` items (
 `message` items. The reward is the rollout's (null when unrewarded: Gym's "errored"). Keel's fields (trace
 id, task id and text, split, metadata, metrics, correction) sit under the "keel" key, which Gym ignores and
 `evals.gym.rollouts_read` reads back.
+
+A Gym task is one input (`responses_create_params` is the same for each of its samples, which Gym's tools group
+by `_ng_task_index`), and NeMo RL's GRPO takes each rollout's baseline from the generations of its prompt
+(`num_generations_per_prompt`): a group is therefore the rollouts of one prompt (`groups.separate_prompts`, as for
+ART; `write` separates again, and the shares of a Keel task are Gym tasks of their own, keeping Keel's `task_id`).
 """
 
 from __future__ import annotations
@@ -24,10 +29,11 @@ from trainer_bridge.formats.base import (
     openai_messages,
     require,
 )
-from trainer_bridge.groups import Group, Preview, Rollout, message_text
+from trainer_bridge.groups import Group, Preview, Rollout, message_text, separate_prompts
 
 NAME = "nemo_gym"
 EXTENSION = "jsonl"
+GROUP_RELATIVE = True  # see the module docstring
 
 
 def output_items(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -82,8 +88,9 @@ def write(groups: Iterable[Group], out: IO[bytes], *, threshold: float = DEFAULT
     tally = Tally()
 
     def rollouts() -> Iterator[gym.Rollout]:
-        for task_index, group in enumerate(groups):
-            tally.groups += bool(group.rollouts)
+        for task_index, group in enumerate(separate_prompts(groups)):
+            if group.rollouts:
+                tally.group_written(group)
             for sample, rollout in enumerate(group.rollouts):
                 tally.rollouts += 1
                 yield gym_rollout(rollout, group, task_index, sample)

@@ -57,8 +57,16 @@ class HashingWriter(io.RawIOBase):
 
 def counts_notes(counts: Counts) -> tuple[str, ...]:
     """What a reader of the file should know that its lines do not say: rollouts left unpaired for a prompt
-    mismatch, images kept as URLs (nobody downloaded them), image parts left out."""
+    mismatch, tasks written as one group per prompt, images kept as URLs (nobody downloaded them), image parts
+    left out."""
     notes: list[str] = []
+    if counts.tasks_separated_by_prompt:
+        notes.append(
+            f"{counts.tasks_separated_by_prompt} tasks were asked under more than one prompt (prompt version, system "
+            "prompt or user input): each prompt's rollouts are a group of their own, sharing the task's task_id, since "
+            "a group-relative advantage compares a rollout's reward with its group's mean; each such group went "
+            "through the size and reward filters like any other"
+        )
     if counts.unpaired_by_prompt:
         notes.append(
             f"{counts.unpaired_by_prompt} rewarded rollouts were left unpaired: in their group, every rollout "

@@ -126,3 +126,22 @@ def test_seeding_again_adds_nothing(demo_workspace: Workspace) -> None:
 
     assert counts() == before
     assert before[:3] == (2, len(ExportFormat.values) + 1, 2)  # OpenAI: a file per split
+
+
+def test_the_art_export_trains_on_answers_to_one_prompt_per_group(demo_workspace: Workspace) -> None:
+    """Before, each question's ART group mixed prompt v1's and v2's nightly answers and the single-call tier's:
+    the only reward contrast in a group was between prompts. Now each group is one prompt's answers."""
+    export = Export.objects.get(workspace=demo_workspace, format=ExportFormat.ART)
+    written = [json.loads(line) for line in Path(export.path).read_bytes().splitlines()]
+
+    assert written
+    for line in written:
+        prompts = set()
+        for trajectory in line["trajectories"]:
+            messages = trajectory["messages_and_choices"]
+            start = next(i for i, message in enumerate(messages) if message["role"] == "assistant")
+            prompts.add((json.dumps(messages[:start]), trajectory["metadata"]["prompt_versions"]))
+        assert len(prompts) == 1
+        assert len({trajectory["reward"] for trajectory in line["trajectories"]}) > 1
+    assert export.curation_snapshot["preview"]["tasks_separated_by_prompt"] == len(written)
+    assert export.manifest["counts"]["tasks_separated_by_prompt"] == len(written)

@@ -378,3 +378,68 @@ def test_a_trl_export_keeps_the_images_an_agent_was_shown(workspace: Workspace) 
     counts = export.manifest["counts"]
     assert (counts["images"], counts["image_urls"], counts["images_dropped"]) == (1, 1, 0)
     assert any("not downloaded" in note for note in export.manifest["notes"])
+
+
+def test_an_art_export_makes_each_prompt_of_a_task_a_group_and_says_how_many_tasks(workspace: Workspace) -> None:
+    """Before, the receipt task was one ART group of both system prompts: each trajectory's advantage was its reward
+    against the mean of the two prompts' rewards. Now each prompt's trajectories are a group, filtered as any."""
+    plain, french, brief = "You read receipts.", "You read receipts. Answer in French.", "You read receipts. Be brief."
+    _ingest(
+        workspace,
+        _receipt(plain, "Twelve euros.", 1.0),
+        _receipt(french, "Douze euros.", 1.0),
+        _receipt(plain, "No idea at all.", 0.0),
+        _receipt(french, "Je ne sais pas.", 0.5),
+        _receipt(brief, "12.", 1.0),  # a prompt with one trajectory: a group of one, which the size filter drops
+    )
+    curation = _receipts(workspace)
+
+    as_tasks = services.curation_preview(workspace=workspace, snapshot=services.curation_snapshot(curation))
+    art = _export(curation, "art")
+    dpo = _export(curation, "trl_dpo")
+
+    assert (as_tasks.preview.groups, as_tasks.preview.mixed_prompt_groups) == (1, 1)
+    assert art.status == JobStatus.SUCCEEDED, art.error
+    assert art.curation_snapshot["separate_prompts"] is True
+    shown = art.curation_snapshot["preview"]
+    assert (shown["groups"], shown["rollouts"], shown["tasks_separated_by_prompt"], shown["mixed_prompt_groups"]) == (
+        2,
+        4,
+        1,
+        0,
+    )
+    assert art.groups_total == 2
+    written = [json.loads(line) for line in Path(art.path).read_bytes().splitlines()]
+    by_system: dict[str, list[float]] = {}
+    for line in written:
+        (system,) = {t["messages_and_choices"][0]["content"] for t in line["trajectories"]}  # one prompt a group
+        by_system[system] = sorted(t["reward"] for t in line["trajectories"])
+    assert by_system == {plain: [0.0, 1.0], french: [0.5, 1.0]}
+    assert {line["metadata"]["task_id"] for line in written} == {"task:receipt-1"}
+    assert (art.manifest["counts"]["groups"], art.manifest["counts"]["tasks_separated_by_prompt"]) == (2, 1)
+    assert art.manifest["curation"]["separate_prompts"] is True
+    assert art.manifest["notes"][0].startswith("1 tasks were asked under more than one prompt")
+    # DPO pairs within a prompt by itself: its groups stay the task's.
+    assert dpo.curation_snapshot["separate_prompts"] is False
+    assert (dpo.curation_snapshot["preview"]["groups"], dpo.curation_snapshot["preview"]["mixed_prompt_groups"]) == (
+        1,
+        1,
+    )
+    assert dpo.manifest["counts"]["tasks_separated_by_prompt"] == 0
+
+
+def test_an_export_with_no_group_left_once_separated_by_prompt_is_refused(workspace: Workspace) -> None:
+    """Each prompt's rewards are equal, so the task's rewards differ only between prompts: nothing to learn."""
+    _ingest(
+        workspace,
+        _receipt("You read receipts.", "Twelve euros.", 1.0),
+        _receipt("You read receipts.", "It is twelve euros.", 1.0),
+        _receipt("You read receipts. Answer in French.", "Je ne sais pas.", 0.0),
+        _receipt("You read receipts. Answer in French.", "Aucune idée.", 0.0),
+    )
+    curation = _receipts(workspace)
+
+    with pytest.raises(services.ExportRefused, match="one group per prompt of each task"):
+        services.export_create(curation=curation, format="art", dispatch=False)
+    assert not Export.objects.exists()
+    assert _export(curation, "trl_kto").status == JobStatus.SUCCEEDED

@@ -343,6 +343,69 @@ def test_dpo_pairs_only_rollouts_of_one_prompt(tmp_path: Path) -> None:
     ]
 
 
+def test_the_group_relative_formats_are_art_and_nemo_gym() -> None:
+    assert {name for name, export_format in FORMATS.items() if export_format.group_relative} == {"art", "nemo_gym"}
+
+
+def _two_prompt_task() -> list[Group]:
+    """One task asked under orders@1 (twice) and orders@2 (twice, one with another order number)."""
+    return [
+        Group(
+            task_id="task:a",
+            task_text="Where is order 7?",
+            rollouts=(
+                prompted("a1", 1.0, "Monday."),
+                prompted("a2", 0.0, "No idea.", version="orders@2"),
+                prompted("a3", 0.0, "Later."),
+                prompted("a4", 1.0, "Tuesday.", version="orders@2", request="Where is order 8?"),
+            ),
+        )
+    ]
+
+
+def test_art_groups_hold_the_rollouts_of_one_prompt(tmp_path: Path) -> None:
+    """Before, ART's group held both versions' rollouts: each trajectory's advantage was its reward against the mean
+    of the two prompts' rewards."""
+    path = tmp_path / "groups.jsonl"
+    with path.open("wb") as sink:
+        manifest = export_write(_two_prompt_task(), sink, format_name="art", curation={}, created_at=datetime.now(UTC))
+    written = [json.loads(line) for line in path.read_bytes().splitlines()]
+
+    assert [[t["metadata"]["trace_id"] for t in line["trajectories"]] for line in written] == [
+        ["a1", "a3"],
+        ["a2"],
+        ["a4"],
+    ]
+    for line in written:
+        prompts = {json.dumps(t["messages_and_choices"][:2]) for t in line["trajectories"]}
+        assert len(prompts) == 1
+        assert line["metadata"]["task_id"] == "task:a"
+    assert [line["metadata"]["task_text"] for line in written] == ["Where is order 7?"] * 2 + ["Where is order 8?"]
+    assert (manifest.counts.groups, manifest.counts.rollouts, manifest.counts.tasks_separated_by_prompt) == (3, 4, 1)
+    (note,) = manifest.notes
+    assert note.startswith("1 tasks were asked under more than one prompt")
+
+
+def test_gym_tasks_hold_the_rollouts_of_one_prompt() -> None:
+    out = io.BytesIO()
+    counts = gym.write(_two_prompt_task(), out)
+    read = evals_gym.rollouts_read(out.getvalue())
+
+    by_task: dict[int, list[str]] = {}
+    for item in read:
+        by_task.setdefault(item.task_index, []).append(item.metadata["trace_id"])
+    assert by_task == {0: ["a1", "a3"], 1: ["a2"], 2: ["a4"]}
+    assert {item.metadata["task_id"] for item in read} == {"task:a"}
+    assert (counts.groups, counts.tasks_separated_by_prompt) == (3, 1)
+
+
+@pytest.mark.parametrize("name", ["trl_dpo", "trl_sft", "trl_kto", "openai"])
+def test_the_other_formats_keep_the_task_group(name: str) -> None:
+    counts = FORMATS[name].write(_two_prompt_task(), io.BytesIO(), threshold=1.0)
+    assert counts.tasks_separated_by_prompt == 0
+    assert counts.groups <= 1
+
+
 def test_dpo_of_prompts_that_never_agree_is_refused() -> None:
     mixed = [
         Group(task_id="a", task_text="", rollouts=(prompted("1", 1.0, "x"), prompted("2", 0.0, "y", version="v2")))
@@ -641,6 +704,7 @@ def test_export_write_manifest_checksum_matches_the_bytes(tmp_path: Path) -> Non
         "rollouts": 3,
         "skipped": 1,
         "unpaired_by_prompt": 0,
+        "tasks_separated_by_prompt": 0,
         "images": 0,
         "image_urls": 0,
         "images_dropped": 0,

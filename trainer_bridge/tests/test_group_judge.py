@@ -86,3 +86,50 @@ def test_a_judge_that_errs_is_asked_again_next_time(
     judged = services.curation_preview(workspace=gateway.workspace, snapshot=services.curation_snapshot(curation))
     assert judged.preview.groups == 4
     assert GroupJudgement.objects.count() == 4
+
+
+def _ranking(*scores: float) -> Any:
+    ranked = [{"id": f"candidate-{n}", "score": score, "explanation": "e"} for n, score in enumerate(scores, 1)]
+    return say(json.dumps({"reasoning": "compared", "scores": ranked}))
+
+
+def test_for_a_group_relative_export_the_judge_ranks_one_prompt_at_a_time(
+    gateway: Gateway,
+    fake: FakeGatewayLLM,
+) -> None:
+    """RULER scores a group's rollouts against each other: for ART it must see one prompt's rollouts, or the
+    scores would rank the prompts. Before, it ranked the task's four answers of both system prompts at once."""
+    from trainer_bridge.tests.test_exports import _ingest, _receipt
+
+    plain, french = "You read receipts.", "You read receipts. Answer in French."
+    _ingest(
+        gateway.workspace,
+        _receipt(plain, "Twelve euros.", 0.0),
+        _receipt(french, "Douze euros.", 0.0),
+        _receipt(plain, "No idea at all.", 0.0),
+        _receipt(french, "Je ne sais pas.", 0.0),
+    )
+    eval_services.evaluator_create(
+        workspace=gateway.workspace, name="ruler", config={"type": "group_judge", "model": "fast"}
+    )
+    curation = services.curation_create(
+        workspace=gateway.workspace,
+        name="judged-receipts",
+        query={},
+        grouping="task_id",
+        reward={"source": "group_judge", "evaluator": "ruler"},
+    )
+    fake.script("fast", _ranking(0.9, 0.2), _ranking(0.7, 0.4))
+    before = len(fake.received)
+
+    export = services.export_create(curation=curation, format="art", dispatch=False)
+    done = services.export_execute(export_id=export.pk)
+
+    judged = [json.dumps(call.messages) for call in fake.received[before:]]
+    assert len(judged) == 2
+    for answers in judged:
+        assert ("Twelve euros." in answers) == ("No idea at all." in answers)
+        assert ("Twelve euros." in answers) != ("Douze euros." in answers)
+    assert done is not None
+    assert done.manifest["counts"]["groups"] == 2
+    assert GroupJudgement.objects.count() == 2

@@ -301,3 +301,103 @@ def test_rollout_prompt_is_the_prompt_versions_and_the_messages_before_the_first
     asked = {"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}
     other = Rollout(trace_id="5", messages=(asked, *shown.messages[1:]))
     assert g.rollout_prompt(shown) != g.rollout_prompt(other)
+
+
+# --- One prompt per group (the group-relative formats) ------------------------------------------------------
+
+V1, V2 = {"prompt_versions": ["rides@1"]}, {"prompt_versions": ["rides@2"]}
+
+
+def test_separate_prompts_makes_one_group_per_prompt_of_a_task() -> None:
+    """Before, a task asked under two prompt versions was one group: a group-relative advantage then compared v1's
+    rewards with v2's, which says which prompt scored better, not which response."""
+    mixed = group(
+        "item:1",
+        rollout("a", 1.0, metadata=V1),
+        rollout("b", 0.0, metadata=V2),
+        rollout("c", 0.0, metadata=V1),
+        rollout("d", 0.5, metadata=V2, request="Where is my order 12345?"),
+        split="validation",
+    )
+    single = group("item:2", rollout("e", 1.0, metadata=V1), rollout("f", 0.0, metadata=V1))
+
+    separated = list(g.separate_prompts([mixed, single]))
+
+    assert [(item.task_id, [r.trace_id for r in item.rollouts], item.task_prompts) for item in separated] == [
+        ("item:1", ["a", "c"], 3),
+        ("item:1", ["b"], 3),
+        ("item:1", ["d"], 3),  # the same version, another request: another prompt
+        ("item:2", ["e", "f"], 1),
+    ]
+    assert [item.task_text for item in separated[:3]] == ["Where is my order?"] * 2 + ["Where is my order 12345?"]
+    assert {item.split for item in separated[:3]} == {"validation"}  # a task's shares stay on one side
+    assert separated[3] is single
+    # Once separated, nothing changes: the shares keep how many prompts their task had.
+    assert list(g.separate_prompts(separated)) == separated
+
+
+def test_separated_groups_face_the_size_and_reward_filters_and_the_preview_counts_them() -> None:
+    tasks = [
+        # v1: rewards that differ; v2: a single rollout, which teaches nothing relative and goes.
+        group(
+            "mixed",
+            rollout("1", 1.0, metadata=V1),
+            rollout("2", 0.0, metadata=V1, answer="No."),
+            rollout("3", 0.5, metadata=V2, answer="Soon."),
+        ),
+        # Each prompt's rewards are equal: the task's differed only between prompts, so nothing is left of it.
+        group(
+            "between prompts",
+            rollout("4", 1.0, metadata=V1, answer="one"),
+            rollout("5", 1.0, metadata=V1, answer="two"),
+            rollout("6", 0.0, metadata=V2, answer="three"),
+            rollout("7", 0.0, metadata=V2, answer="four"),
+        ),
+        group("one prompt", rollout("8", 1.0, metadata=V2), rollout("9", 0.0, metadata=V2, answer="No.")),
+    ]
+
+    as_tasks = g.preview(g.curate(tasks, Filters()))
+    separated = list(g.curate(g.separate_prompts(tasks), Filters()))
+    summary = g.preview(separated)
+
+    assert (as_tasks.groups, as_tasks.mixed_prompt_groups, as_tasks.tasks_separated_by_prompt) == (3, 2, 0)
+    assert [(item.task_id, [r.trace_id for r in item.rollouts]) for item in separated] == [
+        ("mixed", ["1", "2"]),
+        ("one prompt", ["8", "9"]),
+    ]
+    assert (summary.groups, summary.mixed_prompt_groups, summary.tasks_separated_by_prompt) == (2, 0, 1)
+    assert summary.as_dict()["tasks_separated_by_prompt"] == 1
+
+
+def test_the_preview_counts_a_task_once_however_many_of_its_shares_are_kept() -> None:
+    shares = list(
+        g.separate_prompts(
+            [
+                group("a", rollout("1", 1.0, metadata=V1), rollout("2", 0.0, metadata=V2)),
+                group("b", rollout("3", 1.0, metadata=V1), rollout("4", 0.0, metadata=V2)),
+            ]
+        )
+    )
+    assert len(shares) == 4
+    assert g.preview(shares).tasks_separated_by_prompt == 2
+
+
+def test_separate_prompts_streams_one_task_at_a_time() -> None:
+    drawn: list[str] = []
+
+    def source() -> Iterator[Rollout]:
+        for trace_id, task, metadata in [("a1", "a", V1), ("a2", "a", V2), ("b1", "b", V1), ("c1", "c", V1)]:
+            drawn.append(trace_id)
+            yield rollout(trace_id, 1, task_id=task, metadata=metadata)
+
+    stream = g.separate_prompts(g.group_rollouts(source(), ordered=True))
+    assert [r.trace_id for r in next(stream).rollouts] == ["a1"]
+    assert drawn == ["a1", "a2", "b1"]  # only one task ahead, as group_rollouts alone
+    assert [r.trace_id for r in next(stream).rollouts] == ["a2"]
+    assert drawn == ["a1", "a2", "b1"]
+    assert [r.trace_id for r in next(stream).rollouts] == ["b1"]
+
+
+def test_a_group_refuses_a_task_prompts_count_below_one() -> None:
+    with pytest.raises(ValueError, match="task_prompts"):
+        Group(task_id="a", task_text="", rollouts=(), task_prompts=0)
