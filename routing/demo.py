@@ -1,7 +1,8 @@
 """The demo workspace's gateway traffic, produced by the gateway itself.
 
 Model targets on the demo's fake provider (routing/demo_provider.py: `keel-demo/...`, no model server
-needed) with prices for them, the ride-support router (a rule, intents for its requirements' escalation
+needed) with prices for them (one named for the model tracing.demo's recorded ride agent asks for, so that
+replays resume it offline), the ride-support router (a rule, intents for its requirements' escalation
 rules, a two-step chain, every request shadowed and judged by a judge target, the semantic cache) and the
 shopping assistant's (single call, cache). Then requests go through `routing.gateway.chat_completion`
 exactly as an app's would. After the first wave, the trajectories are assembled and their outcomes
@@ -22,6 +23,7 @@ from agent_registry.services import apikey_create
 from routing import cache, gateway, services, shadow
 from routing.chat import ChatCompletionRequest
 from routing.models import CacheHit, Handoff, ModelTarget, RoutingDecision, ShadowRun, ShadowStatus
+from tracing import demo as tracing_demo
 from tracing import services as tracing_services
 from tracing.models import BatchStatus, IngestBatch
 
@@ -108,6 +110,7 @@ def demo_routing_seed(workspace: Workspace) -> int:
         ("keel-demo/fast", "0.15", "0.60"),
         ("keel-demo/strong", "2.50", "10.00"),
         ("keel-demo/judge", "0.50", "1.50"),
+        (f"keel-demo/{tracing_demo.RIDE.model}", "2.50", "10.00"),  # gpt-4o's list price
     ):
         tracing_services.model_price_set(
             workspace=workspace,
@@ -118,6 +121,11 @@ def demo_routing_seed(workspace: Workspace) -> int:
     fast = _target(workspace, "demo-fast", "keel-demo/fast", "single_call")
     strong = _target(workspace, "demo-strong", "keel-demo/strong", "agentic")
     judge = _target(workspace, "demo-judge", "keel-demo/judge", "")
+    # The model the demo's recorded ride-support agent asks for (tracing.demo), served on the demo provider:
+    # replays call a recorded model through the target of that name, so the demo's replay that resumes the
+    # agent on its own model, and a user's replay of a recording with no model named, run offline too.
+    recorded = tracing_demo.RIDE.model
+    _target(workspace, recorded, f"keel-demo/{recorded}", "")
     services.router_config_update(
         agent=ride,
         single_call_target=fast,

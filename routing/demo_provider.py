@@ -1,7 +1,8 @@
 """Keel's demo model: a FAKE litellm provider, `keel-demo/<name>`, so that the demo workspace's gateway
 works on a machine with no model server and no network. It is not a model: it answers from templates,
-calls the ride-support tools once each when it is offered them, and, as a judge, scores an answer by how
-much of the request it addresses. It serves only targets whose model string starts with `keel-demo/`, and
+looks up and refunds the trip a request names when it is offered the ride-support tools (once each),
+passes on the answer of a tool that answers in prose (another agent), and, as a judge, scores an answer by
+how much of the request it addresses. It serves only targets whose model string starts with `keel-demo/`, and
 only while KEEL_DEMO_PROVIDER is on (the default outside production). Point the demo's targets at a real
 OpenAI-compatible server (dashboard, API or KEEL_MODEL_TARGETS) to see real answers.
 """
@@ -85,6 +86,13 @@ def _first(messages: Sequence[Any], role: str) -> str:
     return next((_text(m.get("content")) for m in messages if m.get("role") == role), "")
 
 
+def _parsed(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def _answer(model: str, messages: Sequence[Any]) -> str:
     request = _first(messages, "user")
     tool_results = [_text(m.get("content")) for m in messages if m.get("role") == "tool"]
@@ -92,6 +100,16 @@ def _answer(model: str, messages: Sequence[Any]) -> str:
     if "output schema" in system.lower() or "classify" in system.lower():
         intent = "billing" if re.search(r"charge|refund|fee|fare", request, re.I) else "general"
         return json.dumps({"intent": intent, "summary": request[:80]})
+    last = _parsed(tool_results[-1]) if tool_results else None
+    if tool_results and "eligibility" in system.lower():
+        cited = f"{last['section']}: {last['text']}" if isinstance(last, dict) and "text" in last else tool_results[-1]
+        return (
+            f"Eligible only where the charge is confirmed as an error ({cited[:160]}): check each trip's fare "
+            "against its quote before refunding."
+        )
+    if tool_results and not isinstance(last, (dict, list)):
+        # A tool that answers in prose is another agent: pass its answer on.
+        return f"I had your request checked by a specialist: {tool_results[-1][:300]}"
     if tool_results:
         return f"I checked your trip ({tool_results[-1][:120]}) and took care of it: {request[:80]}"
     if "escalate at once" in system and re.search(r"unsafe|safety|assault|red light", request, re.I):
@@ -103,6 +121,11 @@ def _answer(model: str, messages: Sequence[Any]) -> str:
 
 
 def _tool_call(messages: Sequence[Any], tools: Sequence[Any]) -> dict[str, Any] | None:
+    """Look up, then refund, the trip the last user message names (T4417 or T-48213), once each, when offered
+    the tools; a request that names no trip gets an answer."""
+    trip = re.search(r"\bT-?\d+\b", _last(messages, "user"))
+    if trip is None:
+        return None
     names = [str((tool.get("function") or {}).get("name")) for tool in tools or ()]
     done = {
         (call.get("function") or {}).get("name")
@@ -112,8 +135,7 @@ def _tool_call(messages: Sequence[Any], tools: Sequence[Any]) -> dict[str, Any] 
     }
     for name in ("lookup_trip", "issue_refund"):
         if name in names and name not in done:
-            trip = re.search(r"\bT\d+\b", _last(messages, "user"))
-            arguments: dict[str, Any] = {"trip_id": trip.group(0) if trip else "T1"}
+            arguments: dict[str, Any] = {"trip_id": trip.group(0)}
             if name == "issue_refund":
                 arguments["amount"] = 12.5
             return {"name": name, "arguments": json.dumps(arguments)}

@@ -106,6 +106,12 @@ RIDE_TOOLS: Final = (
         {"reason": {"type": "string"}, "priority": {"type": "string", "enum": ["normal", "urgent"]}},
         ["reason", "priority"],
     ),
+    _tool(
+        "ask_agent",
+        "Ask a specialist sub-agent a question; its answer comes back as the result",
+        {"agent": {"type": "string", "enum": ["refund-policy-checker"]}, "request": {"type": "string"}},
+        ["agent", "request"],
+    ),
 )
 
 
@@ -369,13 +375,19 @@ class Turn:
         self.dialogue.messages.append({"role": "user", "content": text})
 
     def _chat(
-        self, output: dict[str, Any], messages: list[dict[str, Any]] | None = None, *, model: str | None = None
+        self,
+        output: dict[str, Any],
+        messages: list[dict[str, Any]] | None = None,
+        *,
+        model: str | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> None:
-        """A model call: the agent's model, or `model` (with `messages`) for a sub-agent on a model of its own."""
+        """A model call: the agent's model and tools, or for a sub-agent (`messages`) its `model` and `tools`."""
         agent = self.dialogue.agent
         model = model or agent.model
+        tools = agent.tools if tools is None else tools
         sent = list(self.dialogue.messages if messages is None else messages)
-        prompt_tokens = sum(_tokens(json.dumps(message)) for message in sent) + 180 * len(agent.tools)
+        prompt_tokens = sum(_tokens(json.dumps(message)) for message in sent) + 180 * len(tools)
         completion_tokens = _tokens(json.dumps(output)) + self.random.randint(0, 12)
         took = self.random.randint(*agent.model_ms) + completion_tokens * 6
         attributes: dict[str, Any] = {
@@ -388,7 +400,7 @@ class Turn:
             "gen_ai.usage.output_tokens": completion_tokens,
             "gen_ai.input.messages": json.dumps(sent),
             "gen_ai.output.messages": json.dumps([output]),
-            "gen_ai.tool.definitions": json.dumps(agent.tools),
+            "gen_ai.tool.definitions": json.dumps(list(tools)),
             "gen_ai.response.finish_reasons": ["tool_calls" if output.get("tool_calls") else "stop"],
         }
         if messages is None:
@@ -450,23 +462,42 @@ class Turn:
         *,
         model: str | None = None,
     ) -> None:
-        """A sub-agent with a conversation of its own (and a model of its own, if `model`): it calls one tool
-        and reports back."""
-        with self.sub_agent(name):
+        """The agent asks a sub-agent (`ask_agent`): the sub-agent, with a conversation, a model (`model`) and a
+        tool of its own, calls that tool once and answers; its answer is the result the agent reads next."""
+        ask_id = f"call_{self.random.getrandbits(48):012x}"
+        ask_arguments = json.dumps({"agent": name, "request": request})
+        ask = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": ask_id, "type": "function", "function": {"name": "ask_agent", "arguments": ask_arguments}}
+            ],
+        }
+        self._chat(ask)
+        self.dialogue.messages.append(ask)
+        handed = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": "ask_agent",
+            "gen_ai.tool.call.id": ask_id,
+            "gen_ai.tool.call.arguments": ask_arguments,
+            "gen_ai.tool.call.result": verdict,
+        }
+        own_tools = [item for item in self.dialogue.agent.tools if item["function"]["name"] == tool]
+        with self._span("execute_tool ask_agent", handed, took_ms=2), self.sub_agent(name):
             messages: list[dict[str, Any]] = [
                 {"role": "system", "content": system},
                 {"role": "user", "content": request},
             ]
             call_id = f"call_{self.random.getrandbits(48):012x}"
             arguments_text = json.dumps(dict(arguments))
-            ask = {
+            call = {
                 "role": "assistant",
                 "content": None,
                 "tool_calls": [
                     {"id": call_id, "type": "function", "function": {"name": tool, "arguments": arguments_text}}
                 ],
             }
-            self._chat(ask, messages, model=model)
+            self._chat(call, messages, model=model, tools=own_tools)
             result_text = json.dumps(result)
             attributes = {
                 "gen_ai.operation.name": "execute_tool",
@@ -477,8 +508,9 @@ class Turn:
             }
             with self._span(f"execute_tool {tool}", attributes, took_ms=self.random.randint(60, 200)):
                 pass
-            messages += [ask, {"role": "tool", "tool_call_id": call_id, "content": result_text}]
-            self._chat({"role": "assistant", "content": verdict}, messages, model=model)
+            messages += [call, {"role": "tool", "tool_call_id": call_id, "content": result_text}]
+            self._chat({"role": "assistant", "content": verdict}, messages, model=model, tools=own_tools)
+        self.dialogue.messages.append({"role": "tool", "tool_call_id": ask_id, "content": verdict})
 
     def guardrail(self, name: str, checked: Any, decision: Mapping[str, Any]) -> None:
         attributes = {
@@ -1277,31 +1309,40 @@ def demo_triage_seed(workspace: Workspace) -> None:
 
 # What the demo's replays re-run: a double charge refunded through issue_refund (demo_traces_seed's
 # earliest such conversation), on the demo's strong model target (routing.demo's demo-strong, served by
-# Keel's fake demo provider: no network).
+# Keel's fake demo provider: no network); and the week of overcharges, from its refund-policy sub-agent's
+# answer. There the ride agent is resumed on the model it recorded, gpt-4o, which routing.demo's target of
+# that name serves offline (replay calls a recorded model through the workspace's target of that alias).
 REPLAY_TAG_PICKED: Final = "double-charge"
+SUB_AGENT_TAG_PICKED: Final = "multi-trip"
 REPLAY_MODEL: Final = "demo-strong"
 
 
-def demo_replays_seed(workspace: Workspace) -> int:
-    """Counterfactual replays of one refund conversation, run as a worker runs them (tracing.replay):
-    its last answer again on the strong model with the ride-support prompt's v1 (done, a new trajectory
-    to compare), and the step before the refund on the strong model, which calls `issue_refund` with
-    arguments the recording never saw: one replay stops there, one is served a stub and goes on.
-    Returns how many were made; none once the workspace has replays.
+def _first_recording(workspace: Workspace, tag: str) -> Trajectory | None:
+    return (
+        Trajectory.objects.filter(
+            workspace=workspace, agent__slug=RIDE.slug, tags__contains=[tag], replay_of__isnull=True
+        )
+        .order_by("started_at", "pk")
+        .first()
+    )
 
-    Precondition: demo_traces_seed and routing.demo.demo_routing_seed ran (the model target)."""
+
+def demo_replays_seed(workspace: Workspace) -> int:
+    """Counterfactual replays, run as a worker runs them (tracing.replay). Of one refund conversation: its
+    last answer again on the strong model with the ride-support prompt's v1 (done, a new trajectory to
+    compare), and the step before the refund on the strong model, which calls `issue_refund` with arguments
+    the recording never saw: one replay stops there, one is served a stub and goes on. Of the week of
+    overcharges: the refund-policy sub-agent's answer on the strong model instead of the self-hosted one;
+    the ride agent then goes on from the recording with the new answer, on its own recorded model (done, its
+    final answer changed). Returns how many were made; none once the workspace has replays.
+
+    Precondition: demo_traces_seed and routing.demo.demo_routing_seed ran (the model targets)."""
     from tracing import replay  # replay builds on the gateway's providers; demo_seed imports routing later
 
     if Replay.objects.filter(workspace=workspace).exists():
         return 0
     owner = registry_selectors.workspace_owner(workspace=workspace)
-    original = (
-        Trajectory.objects.filter(
-            workspace=workspace, agent__slug=RIDE.slug, tags__contains=[REPLAY_TAG_PICKED], replay_of__isnull=True
-        )
-        .order_by("started_at", "pk")
-        .first()
-    )
+    original = _first_recording(workspace, REPLAY_TAG_PICKED)
     if original is None:
         return 0
     view = selectors.trajectory_views(trajectories=[original])[original.pk]
@@ -1329,6 +1370,15 @@ def demo_replays_seed(workspace: Workspace) -> int:
             created_by=owner,
         ),
     ]
+    delegating = _first_recording(workspace, SUB_AGENT_TAG_PICKED)
+    if delegating is not None:
+        steps = selectors.trajectory_views(trajectories=[delegating])[delegating.pk].steps
+        # The sub-agent's last model call: its answer, from the policy it looked up.
+        verdict = [step.index for step in steps if step.kind == "llm_call" and step.model == POLICY_MODEL][-1:]
+        made += [
+            replay.replay_create(original=delegating, from_step=index, model=REPLAY_MODEL, created_by=owner)
+            for index in verdict
+        ]
     # A worker would run them; the demo has none running yet, so run them here.
     for run in made:
         replay.replay_execute(replay_id=run.pk)

@@ -7,9 +7,12 @@ and/or model, serving the tool calls from the recording.
 1. The history is what the original sent to the model at the first model call at or after `from_step`.
    With a prompt version given, its rendered system prompt replaces the recorded system message
    (rendered with the variables the original recorded under the metadata key `prompt_variables`).
-2. A loop calls the model through litellm with the recorded tool definitions (a model that names one of
-   the workspace's model targets is called through it, on its server with its key). Each tool call the model
-   makes is looked up in the recording by name and arguments (parsed JSON, key order aside): a match
+2. A loop calls the model through litellm with the tool definitions the re-made call recorded (else every
+   one the recording shows). A model name, the replay's or a recorded one (a resumed parent's too), that
+   is the alias of one of the workspace's enabled model targets, or else its litellm model string, is
+   called through that target, on its server with its key, as the gateway calls it: a workspace whose
+   gateway serves the name its agents record (a target named "gpt-4o") replays on it. Each tool call the
+   model makes is looked up in the recording by name and arguments (parsed JSON, key order aside): a match
    serves the recorded result; a call with no match is a divergence, where the replay stops or, under
    the "stub" policy, serves a stub and goes on. The loop ends when the model answers without tool
    calls, or after `max_steps` model calls.
@@ -452,19 +455,23 @@ def replay_plan(
         parameters = {name: config[name] for name in _MODEL_PARAMETERS if name in config}
     # The model the agent asked for, not the one that answered: a provider names its answer by a dated
     # snapshot, or without the litellm prefix that routes the call ("qa-stub" for "openai/qa-stub").
-    asked = next((span.request_model for span in spans if span.span_id == step.span_id), None)
+    start_span = next((span for span in spans if span.span_id == step.span_id), None)
+    asked = start_span.request_model if start_span is not None else None
     chosen_model = model.strip() or asked or step.model or ""
     if not chosen_model:
         raise _invalid(f"the model call at step {start} recorded no model; name one", "model")
     remaining_calls = sum(1 for later in view.steps[start:] if later.kind == "llm_call")
-    tools = tuple(_tool_definition(definition) for definition in view.tool_definitions) or _definitions_from_calls(
-        view.tool_calls
+    every_tool = tuple(_tool_definition(definition) for definition in view.tool_definitions) or (
+        _definitions_from_calls(view.tool_calls)
     )
-    agents, resumes, resume_note = _parent_resumes(view=view, spans=spans, start=step, tools=tools)
+    # The tools the call re-made was offered, when it recorded them: a sub-agent has tools of its own, and
+    # offered its parent's (among them the one that delegates to it) it could do what it never could.
+    offered = tuple(_tool_definition(definition) for definition in start_span.tool_definitions) if start_span else ()
+    agents, resumes, resume_note = _parent_resumes(view=view, spans=spans, start=step, tools=every_tool)
     return ReplayPlan(
         messages=tuple(messages),
         model=chosen_model,
-        tools=tools,
+        tools=offered or every_tool,
         parameters=parameters,
         recorded_calls=view.tool_calls,
         steps_planned=max(1, min(max_steps, remaining_calls)),

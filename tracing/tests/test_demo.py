@@ -132,11 +132,14 @@ def test_the_expected_variety_is_there(demo_workspace):
     searches = [c for c in selectors.trajectory_view(trajectory=loop).tool_calls if c.source == "span"]
     assert len(searches) == 5
     assert len({str(c.arguments) for c in searches}) == 1
-    # A long run, with a sub-agent.
+    # A long run, with a sub-agent inside the tool call that asks it (its answer is the call's result).
     long = trajectories.order_by("-step_count").first()
     assert long is not None
     assert long.step_count >= 40
-    assert any(step.kind == "agent" and step.depth == 1 for step in selectors.trajectory_view(trajectory=long).steps)
+    steps = selectors.trajectory_view(trajectory=long).steps
+    (sub_agent,) = [step for step in steps if step.kind == "agent" and step.depth > 0]
+    asked = next(step for step in steps if step.span_id == sub_agent.parent_span_id)
+    assert (sub_agent.depth, asked.kind, asked.name) == (2, "tool_call", "execute_tool ask_agent")
     # Shopping queries answered from catalog searches.
     shopping = trajectories.filter(agent__slug="shopping-assistant")
     assert all(any(name == "search_catalog" for name, _ in _tool_calls(t)) for t in shopping)
@@ -199,9 +202,10 @@ def test_the_demo_replays_a_refund_conversation_as_a_worker_would(demo_workspace
         ("done", "stop"),
         ("stopped_divergence", "stop"),
         ("done", "stub"),
+        ("done", "stop"),
     ]
-    answered, stopped, stubbed = replays
-    assert {r.original_id for r in replays} == {answered.original_id}
+    answered, stopped, stubbed, _ = replays
+    assert {r.original_id for r in (answered, stopped, stubbed)} == {answered.original_id}
     assert (answered.model, answered.prompt_version.version if answered.prompt_version else None) == (
         demo.REPLAY_MODEL,
         1,
@@ -216,3 +220,44 @@ def test_the_demo_replays_a_refund_conversation_as_a_worker_would(demo_workspace
         if span.tool_name
     }
     assert ("issue_refund", "stub") in served
+
+
+def test_the_demo_replays_the_policy_sub_agent_and_the_ride_agent_goes_on_offline_on_its_own_model(demo_workspace):
+    """From the refund-policy sub-agent's answer on the strong model: the ride agent reads the new answer where
+    the recorded one was and goes on, on the model it recorded (gpt-4o, the demo's target of that name serves
+    it on the fake provider), and its final answer changes."""
+    sub_agent_replay = Replay.objects.filter(workspace=demo_workspace).select_related("original").order_by("pk")[3]
+    original = sub_agent_replay.original
+
+    assert demo.SUB_AGENT_TAG_PICKED in original.tags
+    assert (sub_agent_replay.status, sub_agent_replay.error, sub_agent_replay.model) == ("done", "", demo.REPLAY_MODEL)
+    replayed_from = selectors.trajectory_view(trajectory=original).steps[sub_agent_replay.from_step]
+    assert (replayed_from.kind, replayed_from.model) == ("llm_call", demo.POLICY_MODEL)
+    new = sub_agent_replay.replay_trajectory
+    assert new is not None
+    spans = sorted(selectors.trajectory_spans(trajectory=new), key=lambda span: span.start_time_ns)
+    assert [span.request_model for span in spans if span.span_type == "generation"] == [
+        "keel-demo/strong",
+        f"keel-demo/{demo.RIDE.model}",
+    ]
+    verdict, answer = [span.output[0]["content"] for span in spans if span.span_type == "generation"]
+    assert verdict.startswith("Eligible only where the charge is confirmed as an error")
+    # The ride agent's resumed call carried the new answer as the result of the call that asked the sub-agent.
+    resumed = [span for span in spans if span.span_type == "generation"][1].input
+    assert resumed[-1]["role"] == "tool"
+    assert resumed[-1]["content"] == verdict
+    assert answer == f"I had your request checked by a specialist: {verdict}"
+    assert new.output_preview == answer
+    assert original.output_preview is not None
+    assert original.output_preview.startswith("I checked your six rides since Monday.")
+
+    diff = selectors.replay_diff_get(replay=sub_agent_replay)
+    assert diff.first_difference is not None
+    sub_agent_answer = diff.steps[diff.first_difference]
+    assert (sub_agent_answer.label, sub_agent_answer.status) == ("assistant", "changed")
+    # With the stricter answer the agent refunds nothing: its answer stands where it made the first refund,
+    # and the rest of the original, up to its final answer, is the original's only.
+    parent_answer = [pair for pair in diff.steps if pair.replayed and pair.replay_index is not None][-1]
+    content = next(change for change in parent_answer.changes if change.field == "content")
+    assert (parent_answer.status, content.original, content.replay) == ("changed", None, answer)
+    assert (diff.steps[-1].status, diff.steps[-1].label) == ("only_in_original", "assistant")

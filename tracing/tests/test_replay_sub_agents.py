@@ -12,6 +12,7 @@ from django.test import Client
 from agent_registry import services as registry_services
 from agent_registry.models import Role, Workspace
 from agent_registry.tests.factories import AgentFactory, MembershipFactory, UserFactory
+from routing.tests.factories import ModelTargetFactory
 from tracing import otlp, replay, selectors, services
 from tracing.models import Trajectory
 from tracing.replay_diff import FieldChange
@@ -45,6 +46,18 @@ ASK_POLICY = {
         "parameters": {"type": "object", "properties": {"question": {"type": "string"}}},
     },
 }
+
+SEARCH_POLICY = {
+    "type": "function",
+    "function": {
+        "name": "search_policy",
+        "description": "Search the refund policy.",
+        "parameters": {"type": "object", "properties": {"topic": {"type": "string"}}},
+    },
+}
+# What each agent offers its model: the parent its tools and the one that asks the sub-agent, the sub-agent its own.
+PARENT_TOOLS = (*TOOLS, ASK_POLICY)
+SUB_AGENT_TOOLS = (SEARCH_POLICY,)
 
 
 def _assistant_call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -88,7 +101,15 @@ class _Recorder:
         self.spans.append(span)
         return span
 
-    def chat(self, span_id: str, parent: str, model: str, sent: list[dict[str, Any]], said: dict[str, Any]) -> None:
+    def chat(
+        self,
+        span_id: str,
+        parent: str,
+        model: str,
+        sent: list[dict[str, Any]],
+        said: dict[str, Any],
+        tools: tuple[dict[str, Any], ...] = PARENT_TOOLS,
+    ) -> None:
         self.span(
             span_id,
             parent,
@@ -97,7 +118,7 @@ class _Recorder:
             request_model=model,
             input=list(sent),
             output=[said],
-            tool_definitions=(*TOOLS, ASK_POLICY),
+            tool_definitions=tools,
         )
 
     def tool(self, span_id: str, parent: str, call_id: str, name: str, arguments: Any, result: Any) -> None:
@@ -143,10 +164,12 @@ def _delegation_recorded(workspace: Workspace, *, hand_back: str = "tool") -> Tr
     sub = "a000000000000002"
     sub_history = [SUB_SYSTEM, {"role": "user", "content": QUESTION}]
     search = _assistant_call("s1", "search_policy", {"topic": "duplicate charge"})
-    recorder.chat("b000000000000003", sub, POLICY_MODEL, sub_history, search)
+    recorder.chat("b000000000000003", sub, POLICY_MODEL, sub_history, search, SUB_AGENT_TOOLS)
     recorder.tool("c000000000000003", sub, "s1", "search_policy", {"topic": "duplicate charge"}, POLICY)
     sub_history += [search, _tool_message("s1", POLICY)]
-    recorder.chat("b000000000000004", sub, POLICY_MODEL, sub_history, {"role": "assistant", "content": VERDICT})
+    recorder.chat(
+        "b000000000000004", sub, POLICY_MODEL, sub_history, {"role": "assistant", "content": VERDICT}, SUB_AGENT_TOOLS
+    )
     if hand_back in ("tool", "json"):
         history += [ask, _tool_message("c2", result)]
     elif hand_back == "message":
@@ -255,6 +278,47 @@ def test_a_replay_inside_a_sub_agent_resumes_the_parent_with_the_new_answer(work
         ("content", ANSWER, "I refunded 12.50 USD, though the policy checker asked to wait.")
     ]
     assert (diff.replayed_totals.original.llm_calls, diff.replayed_totals.replay.llm_calls) == (4, 4)
+
+
+def _tool_names(tools: list[dict[str, Any]] | None) -> list[str]:
+    return [tool["function"]["name"] for tool in tools or ()]
+
+
+def test_the_sub_agent_is_offered_its_own_tools_and_the_resumed_parent_its_own(workspace, fake_llm):
+    original = _delegation_recorded(workspace)
+    fake_llm.script = [
+        call("search_policy", {"topic": "duplicate charge"}),
+        say(NEW_VERDICT),
+        say("Please wait 48 hours for the charge to settle."),
+    ]
+
+    finished = replay.replay_execute(replay_id=replay.replay_create(original=original, from_step=10).pk)
+
+    assert finished is not None
+    assert (finished.status, finished.error) == ("done", "")
+    # Offered the parent's tools, the sub-agent could refund, or hand the question to itself again.
+    assert [_tool_names(request.tools) for request in fake_llm.requests] == [
+        ["search_policy"],
+        ["search_policy"],
+        ["lookup_trip", "refund", "ask_policy"],
+    ]
+
+
+def test_the_resumed_parents_recorded_model_is_served_by_the_workspaces_target_of_that_name(workspace, fake_llm):
+    """A recorded model name that is the alias of a model target (a gateway target named "gpt-4o", say) is
+    called through that target, for the parent resumed after the sub-agent as for the agent replayed."""
+    original = _delegation_recorded(workspace)
+    ModelTargetFactory.create(
+        workspace=workspace, alias=RECORDED_MODEL, model=f"{FAKE_PROVIDER}/gateway-v1", api_base="http://gw:4000/v1"
+    )
+    fake_llm.script = [call("search_policy", {"topic": "duplicate charge"}), say(NEW_VERDICT), say("Please wait.")]
+
+    finished = replay.replay_execute(replay_id=replay.replay_create(original=original, from_step=10).pk)
+
+    assert finished is not None
+    assert (finished.status, finished.error) == ("done", "")
+    assert [request.model for request in fake_llm.requests] == ["policy-v1", "policy-v1", "gateway-v1"]
+    assert fake_llm.servers == [(None, None), (None, None), ("http://gw:4000/v1", None)]
 
 
 def test_a_hand_back_message_carries_the_new_answer_to_the_parent(workspace, fake_llm):
