@@ -226,10 +226,21 @@ def _align(original: Sequence[Step], replay: Sequence[Step], *, replayed: bool) 
     pairs: list[StepPair] = []
     for tag, a_start, a_end, b_start, b_end in matcher.get_opcodes():
         left, right = original[a_start:a_end], replay[b_start:b_end]
-        if tag in ("equal", "replace"):
-            # A replaced block pairs up in order (tool A where the other called tool B is a change);
-            # what one side has beyond the other stands alone.
-            pairs.extend(_pair(a, b, replayed=replayed) for a, b in zip(left, right, strict=False))
+        if tag == "equal":
+            pairs.extend(_pair(a, b, replayed=replayed) for a, b in zip(left, right, strict=True))
+            continue
+        if tag == "replace":
+            # A replaced block pairs up in order where both sides did the same kind of thing (tool A where
+            # the other called tool B is a change); steps of different kinds (a tool call where the other
+            # ran a guardrail) stand alone, as does what one side has beyond the other.
+            for a, b in zip(left, right, strict=False):
+                if _key(a)[0] == _key(b)[0]:
+                    pairs.append(_pair(a, b, replayed=replayed))
+                else:
+                    pairs += [
+                        _alone(a, in_original=True, replayed=replayed),
+                        _alone(b, in_original=False, replayed=replayed),
+                    ]
             left, right = left[len(right) :], right[len(left) :]
         pairs.extend(_alone(step, in_original=True, replayed=replayed) for step in left)
         pairs.extend(_alone(step, in_original=False, replayed=replayed) for step in right)

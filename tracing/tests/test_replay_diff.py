@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -134,6 +135,28 @@ def test_another_tool_is_a_changed_step_with_its_name_arguments_and_result():
         FieldChange("result", {"refunded": 12.5}, None),
         FieldChange("error", None, None),
     )
+
+
+def test_a_step_of_another_kind_in_the_same_place_stands_alone_rather_than_being_a_changed_tool():
+    original = view_of(ORIGINAL)
+    replay = view_of(ORIGINAL)
+    # Where the original called lookup_trip, the replay's run went through a guardrail instead.
+    guard = dataclasses.replace(
+        replay.steps[4], kind="guardrail", name="input guard", span_type="guardrail", tool_name=None
+    )
+    replay = dataclasses.replace(replay, steps=(*replay.steps[:4], guard, *replay.steps[5:]))
+
+    diff = replay_diff(original, replay, from_step=3)
+
+    assert statuses(diff)[3:] == [
+        ("same", "assistant", True),
+        ("only_in_original", "tool lookup_trip", True),
+        ("only_in_replay", "guardrail input guard", True),
+        ("same", "assistant", True),
+        ("same", "tool refund", True),
+        ("same", "assistant", True),
+    ]
+    assert diff.first_difference == 4
 
 
 def test_an_extra_tool_call_stands_alone_and_what_follows_still_lines_up():
