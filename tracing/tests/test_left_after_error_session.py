@@ -218,7 +218,9 @@ def test_a_batch_with_sessions_costs_one_statement_more_whatever_its_size(api_ke
             document["messages"][-1]["content"] = "Refunded."
         statements.clear()
         ingest(api_key, *documents)
-        return len(statements)
+        # The ingest queue's backlog is read at most once a second (services._Backlog), so whether a batch
+        # reads it depends on how long the batches before it took: those reads are left out of the count.
+        return len([sql for sql in statements if 'FROM "tracing_ingestbatch"' not in sql])
 
     cost(None, 1, START)  # the first batch also creates what ingest keeps from then on
     without = cost(None, 1, START + 1)
