@@ -22,7 +22,7 @@ from datetime import timedelta
 from django.utils import timezone
 
 from agent_registry import selectors as registry_selectors
-from agent_registry.models import PromptVersion, Role, User, Workspace
+from agent_registry.models import PromptVersion, User, Workspace
 from evals import online, regressions, runs, services
 from evals.models import Dataset, OnlineEvaluation, OnlineRule, RunTrigger, Suite
 from tracing import services as tracing_services
@@ -101,7 +101,8 @@ GOLDEN = (
 def demo_evals_seed(workspace: Workspace) -> None:
     """Seed the ride-support bot's regression dataset, then the proposed suites, their runs and the online
     rule's scores; each part only once."""
-    owner = next(m.user for m in registry_selectors.workspace_member_list(workspace=workspace) if m.role == Role.OWNER)
+    owner = registry_selectors.workspace_owner(workspace=workspace)
+    assert owner is not None  # agent_registry.demo makes the workspace with its owner
     if not Dataset.objects.filter(workspace=workspace).exists():
         _dataset_seed(workspace, owner)
     if not Suite.objects.filter(workspace=workspace).exists():

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent_registry.models import Agent
+from config.errors import KeelError
 from evals import judges, trajectory_metrics, verifiers
 from evals.models import Evaluator
 from routing import providers
@@ -122,6 +123,22 @@ def agent_mismatches(
         # The agent is read only for a mismatch, to name it.
         if evaluator.agent_id not in (None, agent.pk) and evaluator.agent is not None
     ]
+
+
+def agent_mismatch_refuse(
+    chosen: Iterable[Evaluator],
+    *,
+    agent: Agent | None,
+    error: type[KeelError],
+    about: str,
+    note: str = "",
+    field: str = "evaluators",
+) -> None:
+    """Raise `error` ("<about>: <the first mismatch><note>", with every mismatch as `errors`) when one of
+    `chosen` belongs to an agent other than `agent` (`agent_mismatches`)."""
+    mismatches = agent_mismatches(chosen, agent=agent, field=field)
+    if mismatches:
+        raise error(f"{about}: {mismatches[0]['message']}{note}", errors=mismatches)
 
 
 def _model_text(target: ModelTarget) -> judges.Complete:

@@ -154,11 +154,9 @@ def run_create(
             errors=[{"field": "dataset", "message": "the dataset has no version"}],
         )
     chosen = [link.evaluator for link in suite.suite_evaluators.select_related("evaluator").order_by("position", "id")]
-    mismatches = evaluators.agent_mismatches(chosen, agent=suite.agent)
-    if mismatches:
-        raise RunEvaluatorAgentMismatch(
-            f"the suite {suite.name} cannot run: {mismatches[0]['message']}", errors=mismatches
-        )
+    evaluators.agent_mismatch_refuse(
+        chosen, agent=suite.agent, error=RunEvaluatorAgentMismatch, about=f"the suite {suite.name} cannot run"
+    )
     pinned = _prompt_version(suite, prompt_version)
     snapshots = [evaluators.Snapshot.of(evaluator).as_json() for evaluator in chosen]
     samples = 1 if suite.target == SuiteTarget.RECORDED else suite.samples
@@ -963,11 +961,13 @@ def runs_compare_pairwise(
     by a pairwise judge asked in both orders: a win only when both orders agree. Raises ModelUnavailable
     when the judge's model cannot be reached."""
     for run in (baseline, candidate):
-        mismatches = evaluators.agent_mismatches([evaluator], agent=run.agent, field="judge")
-        if mismatches:
-            raise exceptions.EvaluatorAgentMismatch(
-                f"the judge cannot compare run {run.pk}: {mismatches[0]['message']}", errors=mismatches
-            )
+        evaluators.agent_mismatch_refuse(
+            [evaluator],
+            agent=run.agent,
+            error=exceptions.EvaluatorAgentMismatch,
+            about=f"the judge cannot compare run {run.pk}",
+            field="judge",
+        )
     judge = evaluators.build_pairwise(
         evaluators.Snapshot.of(evaluator), workspace_id=candidate.workspace_id, agent_id=candidate.agent_id
     )

@@ -425,9 +425,9 @@ def _suite_evaluators_set(suite: Suite, chosen: Sequence[Evaluator]) -> None:
         raise exceptions.SuiteInvalid(
             "an evaluator of another workspace", errors=[{"field": "evaluators", "message": "unknown evaluator"}]
         )
-    mismatches = evaluators.agent_mismatches(chosen, agent=suite.agent)
-    if mismatches:
-        raise exceptions.SuiteEvaluatorAgentMismatch(f"invalid suite: {mismatches[0]['message']}", errors=mismatches)
+    evaluators.agent_mismatch_refuse(
+        chosen, agent=suite.agent, error=exceptions.SuiteEvaluatorAgentMismatch, about="invalid suite"
+    )
     if any(evaluator.type in evaluators.PAIRWISE_TYPES for evaluator in chosen):
         raise exceptions.SuiteInvalid(
             "a pairwise judge compares two runs (GET /runs/compare?judge=...); it cannot score a suite's samples",
@@ -586,13 +586,13 @@ def suites_propose(*, agent: Agent, created_by: User | None = None) -> Proposal:
         if existing is not None:
             # Evaluator names are the workspace's: another agent's evaluator of the same metric judges by
             # that agent's rubric and policy, so it is not taken, and this agent's cannot have the name.
-            mismatches = evaluators.agent_mismatches([existing], agent=agent)
-            if mismatches:
-                raise exceptions.SuiteEvaluatorAgentMismatch(
-                    f"the metric {metric.name} cannot be proposed: {mismatches[0]['message']} "
-                    "(evaluator names are unique in a workspace)",
-                    errors=mismatches,
-                )
+            evaluators.agent_mismatch_refuse(
+                [existing],
+                agent=agent,
+                error=exceptions.SuiteEvaluatorAgentMismatch,
+                about=f"the metric {metric.name} cannot be proposed",
+                note=" (evaluator names are unique in a workspace)",
+            )
             return existing
         return evaluator_create(
             workspace=workspace,

@@ -20,7 +20,7 @@ from decimal import Decimal
 
 from agent_registry import prompts
 from agent_registry import selectors as registry_selectors
-from agent_registry.models import Agent, ApiKey, Role, User, Workspace
+from agent_registry.models import Agent, ApiKey, User, Workspace
 from agent_registry.services import apikey_create
 from guardrails import boundary, budgets, exceptions, services
 from guardrails.models import ApprovalRequest, Budget, BudgetPeriod, BudgetScope
@@ -64,7 +64,9 @@ OVERSIZED_CALL = (Decimal("2.40"), 130_000)
 
 
 def _owner(workspace: Workspace) -> User:
-    return next(m.user for m in registry_selectors.workspace_member_list(workspace=workspace) if m.role == Role.OWNER)
+    owner = registry_selectors.workspace_owner(workspace=workspace)
+    assert owner is not None  # agent_registry.demo makes the workspace with its owner
+    return owner
 
 
 def _gateway_key(workspace: Workspace, owner: User) -> ApiKey:

@@ -322,6 +322,17 @@ class Dialogue:
             self.messages.append({"role": "system", "content": self.system_prompt})
 
 
+def _tool_attributes(name: str, call_id: str, arguments_text: str, result_text: str) -> dict[str, Any]:
+    """The GenAI attributes of a tool's execution span."""
+    return {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": name,
+        "gen_ai.tool.call.id": call_id,
+        "gen_ai.tool.call.arguments": arguments_text,
+        "gen_ai.tool.call.result": result_text,
+    }
+
+
 class Turn:
     """One trajectory: an agent run over a dialogue, span by span on a simulated clock."""
 
@@ -409,6 +420,16 @@ class Turn:
         with self._span(f"chat {model}", attributes, took_ms=took, kind=SpanKind.CLIENT):
             pass
 
+    def _tool_request(self, name: str, arguments_text: str, said: str | None = None) -> tuple[str, dict[str, Any]]:
+        """A new tool call id, and the assistant message that asks for tool `name` with it."""
+        call_id = f"call_{self.random.getrandbits(48):012x}"
+        function = {"name": name, "arguments": arguments_text}
+        return call_id, {
+            "role": "assistant",
+            "content": said,
+            "tool_calls": [{"id": call_id, "type": "function", "function": function}],
+        }
+
     def tool(
         self,
         name: str,
@@ -420,25 +441,12 @@ class Turn:
         said: str | None = None,
     ) -> None:
         """The model asks for a tool (optionally saying something first), the agent runs it, the result goes back."""
-        call_id = f"call_{self.random.getrandbits(48):012x}"
         arguments_text = json.dumps(dict(arguments))
-        request = {
-            "role": "assistant",
-            "content": said,
-            "tool_calls": [
-                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments_text}}
-            ],
-        }
+        call_id, request = self._tool_request(name, arguments_text, said)
         self._chat(request)
         self.dialogue.messages.append(request)
         result_text = result if isinstance(result, str) else json.dumps(result)
-        attributes = {
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": name,
-            "gen_ai.tool.call.id": call_id,
-            "gen_ai.tool.call.arguments": arguments_text,
-            "gen_ai.tool.call.result": result_text,
-        }
+        attributes = _tool_attributes(name, call_id, arguments_text, result_text)
         with self._span(f"execute_tool {name}", attributes, took_ms=took_ms or self.random.randint(40, 380)) as span:
             if error is not None:
                 span.set_attribute("error.type", error.split(":", 1)[0])
@@ -464,48 +472,22 @@ class Turn:
     ) -> None:
         """The agent asks a sub-agent (`ask_agent`): the sub-agent, with a conversation, a model (`model`) and a
         tool of its own, calls that tool once and answers; its answer is the result the agent reads next."""
-        ask_id = f"call_{self.random.getrandbits(48):012x}"
         ask_arguments = json.dumps({"agent": name, "request": request})
-        ask = {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {"id": ask_id, "type": "function", "function": {"name": "ask_agent", "arguments": ask_arguments}}
-            ],
-        }
+        ask_id, ask = self._tool_request("ask_agent", ask_arguments)
         self._chat(ask)
         self.dialogue.messages.append(ask)
-        handed = {
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": "ask_agent",
-            "gen_ai.tool.call.id": ask_id,
-            "gen_ai.tool.call.arguments": ask_arguments,
-            "gen_ai.tool.call.result": verdict,
-        }
+        handed = _tool_attributes("ask_agent", ask_id, ask_arguments, verdict)
         own_tools = [item for item in self.dialogue.agent.tools if item["function"]["name"] == tool]
         with self._span("execute_tool ask_agent", handed, took_ms=2), self.sub_agent(name):
             messages: list[dict[str, Any]] = [
                 {"role": "system", "content": system},
                 {"role": "user", "content": request},
             ]
-            call_id = f"call_{self.random.getrandbits(48):012x}"
             arguments_text = json.dumps(dict(arguments))
-            call = {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {"id": call_id, "type": "function", "function": {"name": tool, "arguments": arguments_text}}
-                ],
-            }
+            call_id, call = self._tool_request(tool, arguments_text)
             self._chat(call, messages, model=model, tools=own_tools)
             result_text = json.dumps(result)
-            attributes = {
-                "gen_ai.operation.name": "execute_tool",
-                "gen_ai.tool.name": tool,
-                "gen_ai.tool.call.id": call_id,
-                "gen_ai.tool.call.arguments": arguments_text,
-                "gen_ai.tool.call.result": result_text,
-            }
+            attributes = _tool_attributes(tool, call_id, arguments_text, result_text)
             with self._span(f"execute_tool {tool}", attributes, took_ms=self.random.randint(60, 200)):
                 pass
             messages += [call, {"role": "tool", "tool_call_id": call_id, "content": result_text}]

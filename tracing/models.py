@@ -75,6 +75,9 @@ class TrajectoryStatus(models.TextChoices):
     RUNNING = "running", "Running"
 
 
+UNPRICED_MODELS_KEPT = 20
+
+
 class Trajectory(models.Model):
     """One trace read as a trajectory: totals and labels rolled up from its spans."""
 
@@ -97,7 +100,8 @@ class Trajectory(models.Model):
     # The sum of what its model calls cost where a price covers them; null when none does and some went
     # unpriced (a self-hosted model litellm and the workspace do not price): not known, not free.
     cost_usd = models.DecimalField(max_digits=16, decimal_places=8, null=True, blank=True, default=0)
-    # The model calls no price covered (tracing.steps.unpriced_calls), and the models they named.
+    # The model calls no price covered (tracing.steps.unpriced_calls), and the models they named (at most
+    # UNPRICED_MODELS_KEPT, to name them where a cost is shown).
     unpriced_call_count = models.PositiveIntegerField(default=0)
     unpriced_models = ArrayField(models.CharField(max_length=300), default=list, blank=True)
     session_id = models.CharField(max_length=500, blank=True)

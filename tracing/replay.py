@@ -259,6 +259,16 @@ def _definitions_from_calls(calls: Sequence[ToolCall]) -> tuple[dict[str, Any], 
     )
 
 
+def _recorded_call(spans: Sequence[otlp.Span], call: Step) -> tuple[str, tuple[dict[str, Any], ...]]:
+    """The model a recorded model call asked for ("" if none) and the tools it was offered (none recorded: ()).
+    The model the agent asked for, not the one that answered: a provider names its answer by a dated snapshot,
+    or without the litellm prefix that routes the call ("qa-stub" for "openai/qa-stub")."""
+    span = next((span for span in spans if span.span_id == call.span_id), None)
+    if span is None:
+        return call.model or "", ()
+    return span.request_model or call.model or "", tuple(_tool_definition(item) for item in span.tool_definitions)
+
+
 def _answer_replaced(value: Any, old: str, new: str) -> tuple[Any, bool]:
     """`value` with the text `old` replaced by `new` wherever it stands: the whole text, a string inside a
     JSON value (or JSON text, written back as JSON), or a part of a longer text; and whether it stood anywhere."""
@@ -384,11 +394,9 @@ def _parent_resume(
             f"the parent agent was not resumed: sub-agent {name}'s answer is not in the parent's next model call "
             f"(step {following.index})"
         )
-    span = next((span for span in spans if span.span_id == following.span_id), None)
-    model = (span.request_model if span is not None else None) or following.model or ""
+    model, tools = _recorded_call(spans, following)
     if not model:
         return None, f"the parent agent was not resumed: its model call at step {following.index} recorded no model"
-    recorded_tools = tuple(_tool_definition(item) for item in span.tool_definitions) if span is not None else ()
     return (
         ParentResume(
             sub_agent=sub_agent,
@@ -397,7 +405,7 @@ def _parent_resume(
             carrier=carrier,
             recorded_answer=recorded_answer,
             model=model,
-            tools=recorded_tools or default_tools,
+            tools=tools or default_tools,
         ),
         "",
     )
@@ -453,24 +461,20 @@ def replay_plan(
         messages = _with_system_prompt(messages, _system_prompt(prompt_version, variables))
         config = prompt_version.config if isinstance(prompt_version.config, dict) else {}
         parameters = {name: config[name] for name in _MODEL_PARAMETERS if name in config}
-    # The model the agent asked for, not the one that answered: a provider names its answer by a dated
-    # snapshot, or without the litellm prefix that routes the call ("qa-stub" for "openai/qa-stub").
-    start_span = next((span for span in spans if span.span_id == step.span_id), None)
-    asked = start_span.request_model if start_span is not None else None
-    chosen_model = model.strip() or asked or step.model or ""
+    asked, offered = _recorded_call(spans, step)
+    chosen_model = model.strip() or asked
     if not chosen_model:
         raise _invalid(f"the model call at step {start} recorded no model; name one", "model")
     remaining_calls = sum(1 for later in view.steps[start:] if later.kind == "llm_call")
     every_tool = tuple(_tool_definition(definition) for definition in view.tool_definitions) or (
         _definitions_from_calls(view.tool_calls)
     )
-    # The tools the call re-made was offered, when it recorded them: a sub-agent has tools of its own, and
-    # offered its parent's (among them the one that delegates to it) it could do what it never could.
-    offered = tuple(_tool_definition(definition) for definition in start_span.tool_definitions) if start_span else ()
     agents, resumes, resume_note = _parent_resumes(view=view, spans=spans, start=step, tools=every_tool)
     return ReplayPlan(
         messages=tuple(messages),
         model=chosen_model,
+        # The tools the call re-made was offered, when it recorded them: a sub-agent has tools of its own, and
+        # offered its parent's (among them the one that delegates to it) it could do what it never could.
         tools=offered or every_tool,
         parameters=parameters,
         recorded_calls=view.tool_calls,

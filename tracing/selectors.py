@@ -19,6 +19,7 @@ from agent_registry.models import PromptVersion, Workspace
 from config.config_cache import NotifiedCache
 from tracing import exceptions, otlp, pricing
 from tracing.models import (
+    UNPRICED_MODELS_KEPT,
     LangfuseExport,
     LangfuseMirror,
     ModelPriceOverride,
@@ -271,12 +272,8 @@ class SessionSummary:
     error_count: int
     user_id: str
     unpriced_calls: int = 0
-    # The models of those calls, sorted, each once (at most SESSION_UNPRICED_MODELS of them).
+    # The models of those calls, sorted, each once (at most UNPRICED_MODELS_KEPT, as a trajectory keeps).
     unpriced_models: tuple[str, ...] = ()
-
-
-# How many unpriced models a session names: the dashboard shows them in a tooltip.
-SESSION_UNPRICED_MODELS = 20
 
 
 @dataclass(frozen=True)
@@ -345,7 +342,7 @@ def _sessions_unpriced_models(
     )
     for session_id, names in rows:
         models.setdefault(session_id, set()).update(names)
-    return {session_id: tuple(sorted(names)[:SESSION_UNPRICED_MODELS]) for session_id, names in models.items()}
+    return {session_id: tuple(sorted(names)[:UNPRICED_MODELS_KEPT]) for session_id, names in models.items()}
 
 
 def _summed_cost(cost: Decimal | None, unpriced_calls: int) -> Decimal | None:

@@ -49,6 +49,7 @@ from config import dispatch
 from config.config_cache import NotifiedCache, config_free_transaction
 from tracing import exceptions, langfuse_bridge, otlp, pricing, selectors, signals, trajectory_json
 from tracing.models import (
+    UNPRICED_MODELS_KEPT,
     BatchSource,
     BatchStatus,
     IngestBatch,
@@ -574,9 +575,7 @@ def _priced(span: otlp.Span, overrides: Mapping[str, pricing.ModelPrice]) -> otl
         if span.cost_usd != 0 or not span.model or not (span.usage.input_tokens or span.usage.output_tokens):
             return span
         if pricing.override_find(span.model, overrides) is None:
-            if pricing.price_find(span.model) is not None:
-                return span
-            return dataclasses.replace(span, cost_usd=None)
+            return span if pricing.price_find(span.model) is not None else dataclasses.replace(span, cost_usd=None)
     usage = span.usage
     cost = pricing.generation_cost(
         span.model,
@@ -1273,8 +1272,6 @@ def signal_report_json(report: signals.SignalReport) -> dict[str, Any]:
     }
 
 
-# How many of the models a trajectory's unpriced calls named it keeps, to name them where its cost is shown.
-UNPRICED_MODELS_KEPT = 20
 _MODEL_LENGTH = Span._meta.get_field("model").max_length or 0
 
 

@@ -41,7 +41,7 @@ from django.conf import settings
 
 from agent_registry import selectors as registry_selectors
 from agent_registry import services as registry_services
-from agent_registry.models import PromptVersion, Role, User, Workspace
+from agent_registry.models import PromptVersion, User, Workspace
 from evals import runs
 from evals import services as evals_services
 from evals.models import Run, RunSample, Suite
@@ -83,7 +83,8 @@ def demo_trainer_seed(workspace: Workspace) -> None:
     Precondition: the evals demo ran (the ride suite, its two completed runs, the `group_rank` judge)."""
     if Curation.objects.filter(workspace=workspace).exists():
         return
-    owner = next(m.user for m in registry_selectors.workspace_member_list(workspace=workspace) if m.role == Role.OWNER)
+    owner = registry_selectors.workspace_owner(workspace=workspace)
+    assert owner is not None  # agent_registry.demo makes the workspace with its owner
     suite = Suite.objects.get(workspace=workspace, name=SUITE)
     _settle(workspace)  # the eval runs' spans are still in their ingest batches
     rollouts = _rollouts_runs(suite, owner)
@@ -159,15 +160,17 @@ def _rollouts_runs(suite: Suite, owner: User) -> list[int]:
     )
     live = PromptVersion.objects.get(prompt__workspace=suite.workspace, prompt__name="ride-support/system", version=2)
     assert suite.agent is not None
-    tier_model = routing_services.router_config_get_or_create(agent=suite.agent).single_call_target
-    made = []
-    for target in (tier_model, STRONG_TARGET):
-        if target != tier_model:
-            routing_services.router_config_update(agent=suite.agent, single_call_target=target, updated_by=owner)
+
+    def answered() -> int:
         run = runs.run_create(suite=rollouts, prompt_version=live, created_by=owner, dispatch=False)
         runs.run_execute(run_id=run.pk, inline=True)
         _settle(suite.workspace)
-        made.append(run.pk)
+        return run.pk
+
+    tier_model = routing_services.router_config_get_or_create(agent=suite.agent).single_call_target
+    made = [answered()]
+    routing_services.router_config_update(agent=suite.agent, single_call_target=STRONG_TARGET, updated_by=owner)
+    made.append(answered())
     routing_services.router_config_update(agent=suite.agent, single_call_target=tier_model, updated_by=owner)
     return made
 

@@ -305,13 +305,17 @@ def separate_prompts(groups: Iterable[Group]) -> Iterator[Group]:
             )
 
 
-def prompt_pairing(rollouts: Iterable[Rollout]) -> tuple[bool, int]:
-    """What preference pairs the rollouts' prompts allow (`same_prompt`, worked out once): whether some
-    prompt's rollouts have two distinct rewards (a best-against-worst pair exists), and how many rewarded
-    rollouts no pair can use because of their prompt: the group's rewards differ, yet every rollout rewarded
-    differently from them ran under another prompt (their own prompt's rewards are all equal)."""
-    rewarded = [rollout for rollout in rollouts if rollout.reward is not None]
-    subgroups = same_prompt(rewarded)
+def prompt_pairing(
+    rollouts: Iterable[Rollout], *, by_prompt: Sequence[Sequence[Rollout]] | None = None
+) -> tuple[bool, int]:
+    """What preference pairs the rollouts' prompts allow (`same_prompt`, worked out once, or given as
+    `by_prompt` by a caller that has it): whether some prompt's rollouts have two distinct rewards (a
+    best-against-worst pair exists), and how many rewarded rollouts no pair can use because of their prompt:
+    the group's rewards differ, yet every rollout rewarded differently from them ran under another prompt
+    (their own prompt's rewards are all equal)."""
+    shares = same_prompt(rollouts) if by_prompt is None else by_prompt
+    subgroups = [kept for members in shares if (kept := [rollout for rollout in members if rollout.reward is not None])]
+    rewarded = [rollout for members in subgroups for rollout in members]
     varying = [
         rewards_vary([rollout.reward for rollout in members if rollout.reward is not None]) for members in subgroups
     ]
@@ -614,10 +618,11 @@ def preview(groups: Iterable[Group]) -> Preview:
         rewards.extend(own)
         group_corrections = sum(1 for rollout in group.rollouts if rollout.correction)
         corrections += group_corrections
-        prompt_pairs, prompt_unpaired = prompt_pairing(group.rollouts)
+        by_prompt = same_prompt(group.rollouts)
+        prompt_pairs, prompt_unpaired = prompt_pairing(group.rollouts, by_prompt=by_prompt)
         pairable += prompt_pairs or group_corrections > 0
         unpaired += prompt_unpaired
-        mixed += len({rollout_prompt(rollout) for rollout in group.rollouts}) > 1
+        mixed += len(by_prompt) > 1
         separated += separated_task(group, previous)
         previous = group
         for rollout in group.rollouts:
