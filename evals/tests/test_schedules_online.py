@@ -73,8 +73,13 @@ def test_a_schedule_makes_one_run_per_slot_however_often_beat_ticks(gateway: Gat
 def test_switching_a_schedule_on_does_not_run_a_past_slot(gateway: Gateway, fake: FakeGatewayLLM) -> None:
     suite = _suite(gateway, samples=1)
     services.suite_update(suite=suite, schedule_cron="* * * * *", schedule_enabled=True)
-    assert schedules.schedules_tick(now=timezone.now()) == []
-    assert len(schedules.schedules_tick(now=timezone.now() + timedelta(minutes=1))) == 1
+    # Ticks within the minute it was switched on, and at the next: read from the suite, since a minute can turn
+    # between switching it on and a tick at timezone.now() (that tick would then rightly run the new slot).
+    suite.refresh_from_db()
+    switched_on = suite.schedule_last_slot
+    assert switched_on is not None
+    assert schedules.schedules_tick(now=switched_on + timedelta(seconds=59)) == []
+    assert len(schedules.schedules_tick(now=switched_on + timedelta(minutes=1))) == 1
 
 
 def test_a_bad_cron_expression_is_refused_naming_the_field(gateway: Gateway, fake: FakeGatewayLLM) -> None:
