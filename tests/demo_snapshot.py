@@ -5,7 +5,7 @@ A seed (agent_registry/demo.py: traces, triage, gateway traffic, guardrails, eva
 demo tests, seeded its own. `DemoSnapshot.take` seeds in a transaction, copies every table's rows out (COPY,
 binary) and rolls back: the database is as before, and the rows stay in memory (4.3 MB, 62 of 81 tables).
 `restore` deletes the rows of Keel's tables and copies the snapshot's back in, in one transaction, then
-moves each id sequence past the largest id, so that what the test creates gets new ids. It works the same
+moves each id sequence past the largest id and never back, so that what the test creates gets new ids. It works the same
 committed (the browser tests) and inside a transaction that is rolled back later (`demo_workspace`).
 
 Every time in the rows moves on by the time since the seed (`timestamp with time zone` columns, and the
@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from django.apps import apps
-from django.core.management.color import no_style
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -117,10 +116,27 @@ class DemoSnapshot:
                 cursor.execute(f"UPDATE {STAGING} SET {moved}", [microseconds] * len(columns))
                 cursor.execute(f"INSERT INTO {quote(table)} SELECT * FROM {STAGING}")
                 cursor.execute(f"DROP TABLE {STAGING}")
-            models = [model for model in apps.get_models(include_auto_created=True) if model._meta.managed]
-            for statement in connection.ops.sequence_reset_sql(no_style(), models):
-                cursor.execute(statement)
+            for model in apps.get_models(include_auto_created=True):
+                if model._meta.managed and model._meta.pk.get_internal_type() in _AUTO_FIELDS:
+                    _sequence_forward(cursor, model._meta.db_table, str(model._meta.pk.column))
         return Workspace.objects.get(slug=self.workspace_slug)
+
+
+_AUTO_FIELDS = frozenset({"AutoField", "BigAutoField", "SmallAutoField"})
+
+
+def _sequence_forward(cursor: CursorWrapper, table: str, column: str) -> None:
+    """Move the column's id sequence past the table's largest id, never back. A sequence is not part of a
+    transaction: setting it back to the snapshot's largest id would hand ids out again that earlier tests
+    used, and a process keeps values by id (parsed requirements versions, a key's last use), which a new row
+    with an old id would then read. (Django's sequence_reset_sql sets it to the largest id, back included.)"""
+    quote = cursor.db.ops.quote_name
+    cursor.execute(
+        "SELECT setval(q.s, GREATEST("
+        f"(SELECT COALESCE(MAX({quote(column)}), 0) FROM {quote(table)}), COALESCE(pg_sequence_last_value(q.s), 0)"
+        ") + 1, false) FROM (SELECT pg_get_serial_sequence(%s, %s)::regclass AS s) AS q WHERE q.s IS NOT NULL",
+        [quote(table), column],
+    )
 
 
 def _copy_in(cursor: CursorWrapper, table: str, data: bytes) -> None:
