@@ -12,7 +12,9 @@ them (gunicorn 2 × 4 threads, a Celery worker of concurrency 2, DEBUG off).
    question under a rendered system prompt) (a) by `litellm.completion` in this process, with the
    arguments the gateway passes, and (b) over HTTP through the gateway, as `agent/<slug>` with
    adaptive routing (the learned router: offline embedding, the 20 nearest of 20,000 past decisions,
-   the estimate), as `agent/<slug>` with single-level routing, and as a model alias (plain proxying).
+   the estimate), as the same agent with the speculative single call (its twin, with the same past
+   decisions: the single call starts before the router decides, routing/speculation.py), as
+   `agent/<slug>` with single-level routing, and as a model alias (plain proxying).
    Cache off. The kinds run in interleaved blocks, so a change of load on the shared machine hits all of
    them alike; after each gateway block the worker's ingest backlog is drained before the next block,
    so it never runs under a direct block. Each request carries a marker that the stub records with its
@@ -94,10 +96,13 @@ class Size:
     cache_lookups: int
 
 
-KINDS = ("direct", "adaptive", "single_level", "alias")
+KINDS = ("direct", "adaptive", "speculative", "remote", "remote_speculative", "single_level", "alias")
 KIND_LABELS = {
     "direct": "litellm.completion, in process",
     "adaptive": "gateway, agent/<slug>, adaptive routing",
+    "speculative": "gateway, agent/<slug>, adaptive routing, speculative single call",
+    "remote": "gateway, agent/<slug>, adaptive routing, embedder on the stub",
+    "remote_speculative": "gateway, agent/<slug>, adaptive routing, embedder on the stub, speculative single call",
     "single_level": "gateway, agent/<slug>, single-level routing",
     "alias": "gateway, model alias (proxy)",
 }
@@ -108,7 +113,16 @@ SEQUENTIAL_KINDS = (*KINDS, REFUSED)  # what the sequential blocks run, in this 
 FULL = Size(
     database="keel_bench_gateway",
     blocks=10,
-    per_block={"direct": 200, "adaptive": 200, "single_level": 50, "alias": 50, REFUSED: 50},
+    per_block={
+        "direct": 200,
+        "adaptive": 200,
+        "speculative": 200,
+        "remote": 100,
+        "remote_speculative": 100,
+        "single_level": 50,
+        "alias": 50,
+        REFUSED: 50,
+    },
     warmup=100,
     throughput_seconds=20.0,
     throughput_warmup_seconds=3.0,
@@ -123,7 +137,16 @@ FULL = Size(
 QUICK = Size(
     database="keel_bench_gateway_quick",
     blocks=2,
-    per_block={"direct": 20, "adaptive": 20, "single_level": 10, "alias": 10, REFUSED: 10},
+    per_block={
+        "direct": 20,
+        "adaptive": 20,
+        "speculative": 20,
+        "remote": 10,
+        "remote_speculative": 10,
+        "single_level": 10,
+        "alias": 10,
+        REFUSED: 10,
+    },
     warmup=5,
     throughput_seconds=1.0,
     throughput_warmup_seconds=0.5,
@@ -403,6 +426,9 @@ class Fixtures:
     workspace: Any
     raw_key: str
     adaptive: Any
+    speculative: Any  # the adaptive agent's twin with the speculative single call (routing/speculation.py)
+    remote: Any  # twins that embed through a model target on the stub (`/v1/embeddings`), without and with it
+    remote_speculative: Any
     single_level: Any
     target: Any
     api_base: str
@@ -426,21 +452,36 @@ def _fixtures(api_base: str) -> Fixtures:
         tier="single_call",
         timeout_seconds=30.0,
     )
-    adaptive = registry.agent_create(workspace=workspace, slug="ride-support", name="Ride support")
-    registry.requirements_version_create(
-        agent=adaptive,
-        answers=requirements_answers(
-            **{
-                "routing.enabled_tiers": ["single_call", "chain", "agentic", "human"],
-                "routing.signal": "learned_difficulty",
-                "routing.escalation_rules": [
-                    {"trigger": "keywords", "value": "unsafe, assault", "to_tier": "human", "reason": "safety"},
-                    {"trigger": "amount_over", "value": "100", "to_tier": "human", "reason": "high-value dispute"},
-                ],
-            }
-        ),
-        message="benchmark",
+    embedder = ModelTarget.objects.create(
+        workspace=workspace,
+        alias="stub-embedding",
+        model="openai/stub-embedding",
+        api_base=api_base,
+        api_key_encrypted=crypto.encrypt("sk-bench-stub"),
+        timeout_seconds=30.0,
     )
+    adaptive = registry.agent_create(workspace=workspace, slug="ride-support", name="Ride support")
+    speculative = registry.agent_create(workspace=workspace, slug="ride-support-speculative", name="Ride support")
+    remote = registry.agent_create(workspace=workspace, slug="ride-support-remote", name="Ride support")
+    remote_speculative = registry.agent_create(
+        workspace=workspace, slug="ride-support-remote-speculative", name="Ride support"
+    )
+    learned = (adaptive, speculative, remote, remote_speculative)
+    for agent in learned:
+        registry.requirements_version_create(
+            agent=agent,
+            answers=requirements_answers(
+                **{
+                    "routing.enabled_tiers": ["single_call", "chain", "agentic", "human"],
+                    "routing.signal": "learned_difficulty",
+                    "routing.escalation_rules": [
+                        {"trigger": "keywords", "value": "unsafe, assault", "to_tier": "human", "reason": "safety"},
+                        {"trigger": "amount_over", "value": "100", "to_tier": "human", "reason": "high-value dispute"},
+                    ],
+                }
+            ),
+            message="benchmark",
+        )
     single_level = registry.agent_create(workspace=workspace, slug="ride-faq", name="Ride FAQ")
     registry.requirements_version_create(
         agent=single_level,
@@ -456,7 +497,7 @@ def _fixtures(api_base: str) -> Fixtures:
         ),
         message="benchmark",
     )
-    for agent in (adaptive, single_level):
+    for agent in (*learned, single_level):
         registry.prompt_create(
             agent=agent,
             name=f"{agent.slug}/system",
@@ -464,30 +505,33 @@ def _fixtures(api_base: str) -> Fixtures:
             template=[{"role": "system", "content": SYSTEM_TEMPLATE}, {"role": "user", "content": "{{message}}"}],
             labels=["production"],
         )
-    RouterConfig.objects.create(
-        agent=adaptive,
-        single_call_target=target,
-        cache_enabled=False,
-        rules=[
-            {"name": "multi-step", "kind": "pattern", "value": r"\b(compare|for each)\b", "to_tier": "chain"},
-            {"name": "lost items", "kind": "keywords", "value": "left my, lost my", "to_tier": "agentic"},
-        ],
-        intents={
-            "billing": ["charged", "charge", "fee", "refund", "invoice", "receipt"],
-            "account": ["email", "password", "card", "logging me out"],
-        },
-        neighbours=NEIGHBOURS,
-    )
+    for agent in learned:
+        # The adaptive agent's other tiers work too (on the same stub), so a request the router sends there
+        # is answered rather than refused; only single-call answers count in the overhead figures.
+        RouterConfig.objects.create(
+            agent=agent,
+            single_call_target=target,
+            agentic_target=target,
+            cache_enabled=False,
+            speculative_single_call=agent in (speculative, remote_speculative),
+            embedding_target=embedder if agent in (remote, remote_speculative) else None,
+            rules=[
+                {"name": "multi-step", "kind": "pattern", "value": r"\b(compare|for each)\b", "to_tier": "chain"},
+                {"name": "lost items", "kind": "keywords", "value": "left my, lost my", "to_tier": "agentic"},
+            ],
+            intents={
+                "billing": ["charged", "charge", "fee", "refund", "invoice", "receipt"],
+                "account": ["email", "password", "card", "logging me out"],
+            },
+            neighbours=NEIGHBOURS,
+        )
+        for position, name in enumerate(("classify", "answer"), start=1):
+            ChainStep.objects.create(agent=agent, position=position, name=name, instructions=f"Step {name}.")
     RouterConfig.objects.create(agent=single_level, single_call_target=target, cache_enabled=False)
-    # The adaptive agent's other tiers work too (on the same stub), so a request the router sends there
-    # is answered rather than refused; only single-call answers count in the overhead figures.
-    config = RouterConfig.objects.get(agent=adaptive)
-    config.agentic_target = target
-    config.save(update_fields=["agentic_target"])
-    for position, name in enumerate(("classify", "answer"), start=1):
-        ChainStep.objects.create(agent=adaptive, position=position, name=name, instructions=f"Step {name}.")
     _, raw_key = registry.apikey_create(workspace=workspace, name="bench gateway", scopes=[Scope.GATEWAY])
-    return Fixtures(workspace, raw_key, adaptive, single_level, target, api_base)
+    return Fixtures(
+        workspace, raw_key, adaptive, speculative, remote, remote_speculative, single_level, target, api_base
+    )
 
 
 # Quality of past decisions per tier: the single call is good enough for most requests, so the learned
@@ -498,10 +542,13 @@ PAST_COST = {"single_call": 0.002, "chain": 0.008, "agentic": 0.06, "human": 4.0
 PAST_LATENCY = {"single_call": 1400, "chain": 4200, "agentic": 16_000, "human": 3_600_000}
 
 
-def _past_decisions(agent: Any, count: int) -> dict[str, float]:
-    """`count` routing decisions of `agent` with known outcomes, as the learned router reads them back."""
+def _past_decisions(agents: Sequence[Any], remote: Sequence[Any], count: int) -> dict[str, float]:
+    """`count` routing decisions of each of `agents` and `remote` (the same ones for each) with known
+    outcomes, as the learned router reads them back: embedded offline for `agents`, as the stub's
+    `/v1/embeddings` embeds them (projected to 256 wide, as routing/cache.py does) for `remote`."""
     from django.utils import timezone
 
+    from bench.stub_model_server import text_embedding as stub_embedding
     from routing import embedding as embedder
     from routing.models import RoutingDecision
 
@@ -517,26 +564,29 @@ def _past_decisions(agent: Any, count: int) -> dict[str, float]:
             text = texts.any()
             tier = pick.choices(tiers, weights)[0]
             quality = min(1.0, max(0.0, pick.gauss(PAST_QUALITY[tier], 0.1)))
-            yield (
-                agent.workspace_id,
-                agent.pk,
-                f"{number:032x}",
-                text,
-                _vector_text(embedder.embed_offline(text)),
-                "{}",
-                "{}",
-                tier,
-                "estimate",
-                "benchmark",
-                0,
-                False,
-                "ok",
-                int(PAST_LATENCY[tier] * pick.uniform(0.6, 1.6)),
-                f"{PAST_COST[tier] * pick.uniform(0.5, 1.5):.8f}",
-                round(quality, 3),
-                "score",
-                now - timedelta(minutes=number),
-            )
+            offline = _vector_text(embedder.embed_offline(text))
+            projected = _vector_text(embedder.project(stub_embedding(text))) if remote else ""
+            for position, agent in enumerate((*agents, *remote)):
+                yield (
+                    agent.workspace_id,
+                    agent.pk,
+                    f"{position * count + number:032x}",
+                    text,
+                    offline if agent in agents else projected,
+                    "{}",
+                    "{}",
+                    tier,
+                    "estimate",
+                    "benchmark",
+                    0,
+                    False,
+                    "ok",
+                    int(PAST_LATENCY[tier] * pick.uniform(0.6, 1.6)),
+                    f"{PAST_COST[tier] * pick.uniform(0.5, 1.5):.8f}",
+                    round(quality, 3),
+                    "score",
+                    now - timedelta(minutes=number),
+                )
 
     columns = (
         "workspace_id",
@@ -615,6 +665,9 @@ def _gateway_caller(fixtures: Fixtures, port: int, kind: str) -> tuple[Call, Cal
     )
     model = {
         "adaptive": f"agent/{fixtures.adaptive.slug}",
+        "speculative": f"agent/{fixtures.speculative.slug}",
+        "remote": f"agent/{fixtures.remote.slug}",
+        "remote_speculative": f"agent/{fixtures.remote_speculative.slug}",
         "single_level": f"agent/{fixtures.single_level.slug}",
         "alias": fixtures.target.alias,
         REFUSED: "no-such-model",
@@ -784,6 +837,7 @@ class HttpFigures:
     drain_seconds: list[float]
     throughput: dict[str, Throughput]
     decision_features: list[dict[str, Any]]
+    speculative_decisions: dict[str, list[tuple[str, dict[str, Any]]]]  # kind -> (tier, features) per request
 
 
 def _http_phases(fixtures: Fixtures, size: Size, web_port: int, stub_port: int, worker: Worker) -> HttpFigures:
@@ -827,6 +881,14 @@ def _http_phases(fixtures: Fixtures, size: Size, web_port: int, stub_port: int, 
             "features", flat=True
         )
     )
+    speculative_decisions = {
+        kind: list(
+            RoutingDecision.objects.filter(
+                agent=agent, trace_id__in=[sample.trace_id for sample in samples[kind] if sample.trace_id]
+            ).values_list("tier", "features")
+        )
+        for kind, agent in (("speculative", fixtures.speculative), ("remote_speculative", fixtures.remote_speculative))
+    }
 
     throughput = {}
     _progress("throughput, gateway")
@@ -845,7 +907,7 @@ def _http_phases(fixtures: Fixtures, size: Size, web_port: int, stub_port: int, 
         size.throughput_seconds,
     )
     _stub_timings(stub_port)
-    return HttpFigures(samples, drains, throughput, features)
+    return HttpFigures(samples, drains, throughput, features, speculative_decisions)
 
 
 def _report_http(report: Report, figures: HttpFigures) -> None:
@@ -933,6 +995,31 @@ def _report_http(report: Report, figures: HttpFigures) -> None:
             f"neighbours known p50 {percentile([float(f.get('neighbours_known', 0)) for f in features], 0.5):.0f}."
         )
         report.line()
+    report.line(
+        "The speculative twins (routing/speculation.py): the same agent, policy and past decisions, with the "
+        "single call started before the router's embedding, neighbour search and estimate, and taken when the "
+        "router chose the single call. The twins with the embedder on the stub embed each request through "
+        "litellm and the stub's `/v1/embeddings` (answered at once, with no latency of its own), as with a "
+        "provider's embedding model. Requests that started a speculative call and went to another tier paid "
+        "for a single call they did not use; the others were decided by a rule or looked too hard for a single "
+        "call, and started none:"
+    )
+    report.line()
+    speculation_rows = []
+    for kind, decisions in figures.speculative_decisions.items():
+        started = [(tier, f["speculative"]) for tier, f in decisions if "speculative" in f]
+        unused = Counter(tier for tier, used in started if not used)
+        speculation_rows.append(
+            [
+                KIND_LABELS[kind],
+                len(decisions),
+                len(started),
+                len(started) - sum(unused.values()),
+                f"{sum(unused.values())} ({100 * sum(unused.values()) / max(1, len(decisions)):.1f} %)",
+                ", ".join(f"{tier} {count}" for tier, count in unused.most_common()) or "none",
+            ]
+        )
+    report.table(["requests", "n", "speculative calls", "taken", "not used", "tiers chosen instead"], speculation_rows)
     drains = figures.drain_seconds
     report.line(
         f"Worker backlog drained after each gateway block in p50 {percentile(drains, 0.5):.2f} s, "
@@ -1523,10 +1610,15 @@ def run(report: Report, *, quick: bool) -> None:
             raise RuntimeError(f"the stub model server did not start; see {stack.LOG_DIR / 'gateway-stub.log'}")
         fixtures = _fixtures(api_base)
         _progress(f"loading {size.past_decisions:,} past routing decisions")
-        decisions = _past_decisions(fixtures.adaptive, size.past_decisions)
+        decisions = _past_decisions(
+            (fixtures.adaptive, fixtures.speculative),
+            (fixtures.remote, fixtures.remote_speculative),
+            size.past_decisions,
+        )
         report.line(
             f"Stub model server: bench/stub_model_server.py, {STUB_LATENCY_MS:g} ms fixed latency, asyncio, own "
-            f"process. Past routing decisions of the adaptive agent: {size.past_decisions:,} (loaded in "
+            f"process. Past routing decisions of the adaptive agent and of each of its three twins (speculative "
+            f"single call; embedder on the stub; both): {size.past_decisions:,} each (loaded in "
             f"{decisions['load_seconds']:.1f} s, HNSW index built in {decisions['index_seconds']:.1f} s)."
         )
         report.line()

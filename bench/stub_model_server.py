@@ -122,7 +122,7 @@ def _chunks(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
     return chunks
 
 
-def _embedding(text: str) -> list[float]:
+def text_embedding(text: str) -> list[float]:
     """A unit vector that depends only on the text: SHA-512 in counter mode, as signed bytes."""
     values: list[float] = []
     counter = 0
@@ -144,7 +144,9 @@ def _embeddings(payload: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "object": "list",
         "model": str(payload.get("model") or "stub-embedding"),
-        "data": [{"object": "embedding", "index": i, "embedding": _embedding(text)} for i, text in enumerate(texts)],
+        "data": [
+            {"object": "embedding", "index": i, "embedding": text_embedding(text)} for i, text in enumerate(texts)
+        ],
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
 

@@ -189,6 +189,12 @@ class RouterConfigForm(forms.Form):
         label="Shadow rate, %",
         help_text="Share of requests also sent, off the caller's path, through another tier and judged.",
     )
+    speculative_single_call = forms.BooleanField(
+        required=False,
+        label="Start the single call while the router decides",
+        help_text="Hides the router's time (and a remote embedder's) behind the model call. A request the router "
+        "sends to another tier pays for a single call it does not use. Not with the cache on.",
+    )
     cache_enabled = forms.BooleanField(required=False, label="Answer similar requests from the cache")
     cache_threshold = forms.FloatField(
         min_value=0.01, max_value=1, label="Cache similarity threshold", help_text="Cosine similarity, 0 to 1."
@@ -219,6 +225,7 @@ class RouterConfigForm(forms.Form):
                 "latency_weight": config.latency_weight,
                 "risk_weight": config.risk_weight,
                 "shadow_rate": round(config.shadow_rate * 100, 4),
+                "speculative_single_call": config.speculative_single_call,
                 "cache_enabled": config.cache_enabled,
                 "cache_threshold": config.cache_threshold,
                 "cache_ttl_hours": round(config.cache_ttl_seconds / 3600, 4),
@@ -260,6 +267,7 @@ class RouterConfigForm(forms.Form):
                 "cost_weight",
                 "latency_weight",
                 "risk_weight",
+                "speculative_single_call",
                 "cache_enabled",
                 "cache_threshold",
                 "cache_end_user_requests",

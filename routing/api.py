@@ -99,6 +99,7 @@ def _config_out(config: RouterConfig, agent: Agent) -> dict[str, Any]:
         "latency_weight": config.latency_weight,
         "risk_weight": config.risk_weight,
         "shadow_rate": config.shadow_rate,
+        "speculative_single_call": config.speculative_single_call,
         "cache_enabled": config.cache_enabled,
         "cache_threshold": config.cache_threshold,
         "cache_ttl_seconds": config.cache_ttl_seconds,

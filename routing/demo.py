@@ -6,7 +6,8 @@ replays resume it offline), the ride-support router (a rule, intents for its req
 rules, a two-step chain, every request shadowed and judged by a judge target, the semantic cache) and the
 shopping assistant's (single call, cache). Then requests go through `routing.gateway.chat_completion`
 exactly as an app's would. After the first wave, the trajectories are assembled and their outcomes
-scored, so that the second wave's similar requests are routed by the learned estimate. Shadow runs are
+scored, so that the second wave's similar requests are routed by the learned estimate. A third wave is
+served with the cache off and the speculative single call on, then the router is set back. Shadow runs are
 executed, one cache hit is reviewed, and one hand-off is resolved. The ride-support agent's requirements
 do not enable the agentic tier, so the demo has no tool loop (the tests run one). Idempotent: a
 workspace whose ride-support agent already has routing decisions is left alone.
@@ -52,6 +53,16 @@ RIDE_SECOND_WAVE = (
     "How can I reset my password?",
     "My driver took a detour, compare the route with the usual one",
     "Can I book a ride for my mother?",
+)
+# Served with the speculative single call and the cache off: simple requests that no rule decides and that
+# look like single-call requests, so each starts the single call before the learned estimate decides. On the
+# demo's judged outcomes the estimate sends them to the chain, so each pays for a single call it does not
+# use: the setting's cost, on their trajectories (the benchmark measures what it saves).
+RIDE_THIRD_WAVE = (
+    "Where can I get the receipt for this morning's trip?",
+    "How do I update the card on my account?",
+    "My airport fare was higher than the quote in the app, why?",
+    "Can I book a ride for a friend?",
 )
 SHOPPING_WAVE = (
     "Waterproof hiking boots under $150",
@@ -179,6 +190,13 @@ def demo_routing_seed(workspace: Workspace) -> int:
     for index, text in enumerate(RIDE_SECOND_WAVE):
         _ask(key, "agent/ride-support", text, COMPANY, conversation=f"demo-b{index}")
     _settle(workspace)
+    # The third wave: the single call starts while the learned router decides (routing/speculation.py); then
+    # the router is set back as it was.
+    services.router_config_update(agent=ride, cache_enabled=False, speculative_single_call=True)
+    for index, text in enumerate(RIDE_THIRD_WAVE):
+        _ask(key, "agent/ride-support", text, COMPANY, conversation=f"demo-c{index}")
+    services.router_config_update(agent=ride, cache_enabled=True, speculative_single_call=False)
+    _settle(workspace)
 
     owner = registry_selectors.workspace_owner(workspace=workspace)
     hit = CacheHit.objects.filter(agent=shopping).order_by("similarity").first()
@@ -189,4 +207,4 @@ def demo_routing_seed(workspace: Workspace) -> int:
         services.handoff_resolve(
             handoff=handoff, user=owner, resolution="Called the rider; safety team opened a case on the driver."
         )
-    return len(requests) + len(RIDE_SECOND_WAVE)
+    return len(requests) + len(RIDE_SECOND_WAVE) + len(RIDE_THIRD_WAVE)

@@ -28,7 +28,7 @@ from agent_registry.models import Agent, ApiKey, PromptType, PromptVersion
 from config import dispatch, write_behind
 from config.config_cache import config_free_transaction
 from config.errors import KeelError, ValidationFailed
-from routing import cache, guarding, hooks, providers, router, selectors, tiers
+from routing import cache, guarding, hooks, providers, router, selectors, speculation, tiers
 from routing.chat import ChatCompletionRequest, chunk_body, completion_body, usage_chunk_body
 from routing.exceptions import PromptNotLabelled
 from routing.models import (
@@ -119,6 +119,7 @@ class _Plan:
     pin: Pin | None = None
     record_behind: bool = False  # the record is written after the answer (config/write_behind.py)
     started: float = field(default_factory=time.perf_counter)
+    speculation: speculation.Speculation | None = None  # the single call started before the router decided
 
 
 # --- Planning ----------------------------------------------------------------------------------------
@@ -355,6 +356,15 @@ def _plan_agent(plan: _Plan, context: selectors.GatewayAgent) -> None:
         offers_tools=bool(request.tools),
     )
     plan.request_text = router.request_text(client_messages)[:REQUEST_TEXT_LIMIT]
+    if _speculates(plan, policy, router_request):
+        plan.speculation = speculation.speculation_start(
+            recorder=plan.recorder,
+            agent=agent,
+            config=plan.config,
+            messages=plan.messages,
+            request_parameters=request.parameters(),
+            tools=request.tools_json(),
+        )
     started = time.perf_counter()
     pinned_tier = pin.tier if pin is not None else None
     needs_embedding = pinned_tier is None and (
@@ -381,6 +391,11 @@ def _plan_agent(plan: _Plan, context: selectors.GatewayAgent) -> None:
         )
     plan.decision.features["router_us"] = int((time.perf_counter() - routed) * 1_000_000)
     plan.decision.features["lookup_us"] = int((routed - started) * 1_000_000)
+    taken = None
+    if plan.speculation is not None:
+        plan.decision.features["speculative"] = plan.decision.tier == TierChoice.SINGLE_CALL
+        if plan.decision.tier == TierChoice.SINGLE_CALL:
+            taken = plan.speculation
     budget = budgets.get(plan.decision.tier, {})
     plan.context = tiers.TierContext(
         agent=agent,
@@ -396,8 +411,34 @@ def _plan_agent(plan: _Plan, context: selectors.GatewayAgent) -> None:
         routing_reason=plan.decision.reason,
         pseudonyms=plan.pseudonyms,
         rehearsal=plan.pin is not None,
+        started=taken.started if taken else None,
+        started_hold=taken.hold if taken else None,
     )
     _decision_span(plan)
+
+
+def _speculates(plan: _Plan, policy: router.Policy, request: router.Request) -> bool:
+    """Whether to start the single call before the router decides (routing/speculation.py): the agent asks
+    for it, and the learned estimate will decide a request that looks simple enough for the single call."""
+    config = plan.config
+    if config is None or not config.speculative_single_call or config.cache_enabled:
+        return False
+    if plan.pin is not None or plan.request.stream or request.conversation_tier is not None:
+        return False
+    if policy.mode == router.SINGLE_LEVEL_MODE or TierChoice.SINGLE_CALL not in policy.tiers:
+        return False
+    # Without neighbours the router says what rules, the conversation and the request's difficulty decide:
+    # a cold start is the case the neighbours will decide, and its tier is the one the request looks like.
+    provisional = router.route(request, policy, [])
+    return provisional.method == router.METHOD_COLD_START and provisional.tier == TierChoice.SINGLE_CALL
+
+
+def _speculation_unused(plan: _Plan, *, recorded: bool = True) -> None:
+    """Account for a speculative single call the chosen tier did not take (a no-op when it took it)."""
+    if plan.speculation is not None:
+        tier = plan.decision.tier if plan.decision is not None else ""
+        speculation.speculation_unused(plan.speculation, recorder=plan.recorder if recorded else None, tier=tier)
+        plan.speculation = None
 
 
 # --- Recording ---------------------------------------------------------------------------------------
@@ -706,6 +747,9 @@ def _plan(
         except (guarding.GuardrailBlocked, PromptNotLabelled) as error:
             _record(plan, output=None, status="error", result=None, error=error)
             raise
+        except BaseException:
+            _speculation_unused(plan, recorded=False)  # the request is not recorded: only the budgets count it
+            raise
     else:
         plan.messages = request.messages_json()
     return plan, target
@@ -724,16 +768,19 @@ def _execute(plan: _Plan, target: ModelTarget | None) -> tuple[dict[str, Any], t
     result: tiers.TierResult | None = None
     cache_hit = False
     try:
-        if target is not None:
-            result = _proxy(plan, target)
-        else:
-            assert plan.decision is not None
-            assert plan.context is not None
-            result = _cache_check(plan)
-            cache_hit = result is not None
-            if result is None:
-                result = tiers.TIERS[plan.decision.tier](plan.context, plan.messages)
-                _output_guarded(plan, result)
+        try:
+            if target is not None:
+                result = _proxy(plan, target)
+            else:
+                assert plan.decision is not None
+                assert plan.context is not None
+                result = _cache_check(plan)
+                cache_hit = result is not None
+                if result is None:
+                    result = tiers.TIERS[plan.decision.tier](plan.context, plan.messages)
+                    _output_guarded(plan, result)
+        finally:
+            _speculation_unused(plan)
     except KeelError as error:
         _record(plan, output=None, status="error", result=result, error=error)
         raise

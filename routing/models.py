@@ -99,6 +99,8 @@ class RouterConfig(models.Model):
     latency_weight = models.FloatField(default=0.2)
     risk_weight = models.FloatField(default=0.1)
     shadow_rate = models.FloatField(default=0.0)
+    # The single-call tier's model call starts while the learned router decides (routing/speculation.py).
+    speculative_single_call = models.BooleanField(default=False)
     cache_enabled = models.BooleanField(default=False)
     cache_threshold = models.FloatField(default=0.93)
     cache_ttl_seconds = models.PositiveIntegerField(default=24 * 3600)

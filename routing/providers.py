@@ -15,11 +15,11 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 from django.conf import settings
@@ -77,6 +77,14 @@ class Attempt:
     error: str
     status_code: int | None
     retryable: bool
+
+
+class Answered(NamedTuple):
+    """litellm's response to one attempt, and when the attempt started and ended (ns)."""
+
+    response: Any
+    started_ns: int
+    ended_ns: int
 
 
 @dataclass(slots=True)
@@ -266,12 +274,16 @@ def _attempts_detail(attempts: Sequence[Attempt]) -> str:
     return "; ".join(f"{a.alias}: {a.error}" for a in attempts[-3:])
 
 
-def _tries(target: ModelTarget, *, single_attempt: bool = False) -> Iterator[ModelTarget]:
-    """The target, then each fallback, each as many times as its retries allow (or the target once)."""
+def _tries(
+    target: ModelTarget, *, single_attempt: bool = False, order: Sequence[ModelTarget] | None = None
+) -> Iterator[ModelTarget]:
+    """The target, then each fallback, each as many times as its retries allow (or the first once). `order`
+    is `targets_in_order(target)` when the caller has read it already."""
+    candidates = targets_in_order(target) if order is None else order
     if single_attempt:
-        yield target
+        yield candidates[0] if order is not None else target
         return
-    for candidate in targets_in_order(target):
+    for candidate in candidates:
         for _ in range(1 + candidate.max_retries):
             yield candidate
 
@@ -337,31 +349,55 @@ def _without_litellm_logging() -> Iterator[None]:
         is_internal_call.reset(token)
 
 
+def attempt(candidate: ModelTarget, messages: Sequence[Mapping[str, Any]], parameters: Mapping[str, Any]) -> Answered:
+    """One call to one candidate: no retry, no fallback and no database (a speculative call makes it in a
+    thread of its own). Raises what litellm raises."""
+    import litellm
+
+    started = time.time_ns()
+    with write_behind.writer.waiting_on_io(), _without_litellm_logging():
+        response = litellm.completion(**_request(candidate, messages, parameters))
+    return Answered(response, started, time.time_ns())
+
+
+@dataclass(slots=True)
+class Started:
+    """A first attempt already under way (a speculative single call, routing/speculation.py): the order of
+    candidates it was made in (`targets_in_order`), and its outcome, which waits for it to end and raises
+    what it raised. `taken` once a `completion` has taken the outcome."""
+
+    order: Sequence[ModelTarget]
+    outcome: Callable[[], Answered]
+    taken: bool = False
+
+
 def completion(
     *,
     target: ModelTarget,
     messages: Sequence[Mapping[str, Any]],
     parameters: Mapping[str, Any] | None = None,
     single_attempt: bool = False,
+    started: Started | None = None,
 ) -> Completion:
     """One chat completion from the target or its fallbacks (with `single_attempt`, one try on the target
-    alone, so its timeout bounds the wall time). Raises ProviderFailed."""
-    import litellm
-
+    alone, so its timeout bounds the wall time). With `started`, the first try is the one already under
+    way. Raises ProviderFailed."""
     parameters = dict(parameters or {})
     attempts: list[Attempt] = []
-    for candidate in _tries(target, single_attempt=single_attempt):
-        started = time.time_ns()
+    order = started.order if started is not None else None
+    for index, candidate in enumerate(_tries(target, single_attempt=single_attempt, order=order)):
         try:
-            with write_behind.writer.waiting_on_io(), _without_litellm_logging():
-                response = litellm.completion(**_request(candidate, messages, parameters))
+            if index == 0 and started is not None:
+                started.taken = True
+                response, started_ns, ended_ns = started.outcome()
+            else:
+                response, started_ns, ended_ns = attempt(candidate, messages, parameters)
         except _PROVIDER_ERRORS as error:
             _attempt_failed(candidate, error, attempts)
             continue
         if not response.choices:
             _attempt_failed(candidate, ProviderAnswerEmpty("the provider answered with no choices"), attempts)
             continue
-        ended = time.time_ns()
         _success_record(candidate)
         choice = response.choices[0]
         input_tokens, output_tokens = _usage(response)
@@ -374,8 +410,8 @@ def completion(
             input_tokens=input_tokens,
             output_tokens=output_tokens,
             cost_usd=cost_of(candidate, model, input_tokens, output_tokens),
-            started_ns=started,
-            ended_ns=ended,
+            started_ns=started_ns,
+            ended_ns=ended_ns,
             attempts=attempts,
         )
     raise _all_failed(attempts)

@@ -89,6 +89,7 @@ class TraceRecorder:
         tools: Sequence[Mapping[str, Any]] = (),
         parent: str | None = None,
         name: str = "chat",
+        metadata: Mapping[str, Any] | None = None,
     ) -> str:
         return self.span(
             name=f"{name} {completion.model}",
@@ -114,7 +115,8 @@ class TraceRecorder:
             prompt_name=self.prompt_name,
             prompt_version=self.prompt_version,
             metadata={"target": completion.alias, "attempts": len(completion.attempts) + 1}
-            | ({"failed_attempts": [a.error for a in completion.attempts]} if completion.attempts else {}),
+            | ({"failed_attempts": [a.error for a in completion.attempts]} if completion.attempts else {})
+            | dict(metadata or {}),
         )
 
     def failed_generation(

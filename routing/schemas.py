@@ -97,6 +97,11 @@ class RouterConfigIn(Schema):
     latency_weight: float | None = None
     risk_weight: float | None = None
     shadow_rate: float | None = Field(None, description="share of requests also run through another tier, 0..1")
+    speculative_single_call: bool | None = Field(
+        None,
+        description="start the single-call tier's model call while the learned router decides; its answer is "
+        "used when the router chooses the single call, and paid for but not used when it does not",
+    )
     cache_enabled: bool | None = None
     cache_threshold: float | None = Field(None, description="cosine similarity a cached request must reach")
     cache_ttl_seconds: int | None = None
@@ -118,6 +123,7 @@ class RouterConfigOut(Schema):
     latency_weight: float
     risk_weight: float
     shadow_rate: float
+    speculative_single_call: bool
     cache_enabled: bool
     cache_threshold: float
     cache_ttl_seconds: int

@@ -511,6 +511,7 @@ ROUTER_CONFIG_FIELDS: Final = frozenset(
         "latency_weight",
         "risk_weight",
         "shadow_rate",
+        "speculative_single_call",
         "cache_enabled",
         "cache_threshold",
         "cache_ttl_seconds",
@@ -644,7 +645,7 @@ def router_config_update(
             errors.extend(number_errors)
             if not number_errors:
                 config.cache_threshold = float(value)
-        elif name in ("cache_enabled", "cache_end_user_requests"):
+        elif name in ("speculative_single_call", "cache_enabled", "cache_end_user_requests"):
             if not isinstance(value, bool):
                 errors.append({"field": name, "message": "must be true or false"})
             else:

@@ -72,6 +72,10 @@ class TierContext:
     # The agent's chain steps, read once per request (chain_steps): the cache's scope and the chain itself
     # see the same steps.
     steps_read: list[ChainStep] | None = None
+    # The single call already under way (a speculative one, routing/speculation.py) and its budget hold: the
+    # single-call tier takes that call's answer rather than calling again.
+    started: providers.Started | None = None
+    started_hold: Any = None
 
 
 @dataclass(slots=True)
@@ -129,11 +133,20 @@ def _text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def _model_parameters(context: TierContext, *, with_tools: bool) -> dict[str, Any]:
-    parameters = {key: value for key, value in context.parameters.items() if value is not None}
+def model_parameters(request_parameters: Mapping[str, Any], *, with_tools: bool) -> dict[str, Any]:
+    """The request's parameters that a model call passes on (those about tools only with tools)."""
+    parameters = {key: value for key, value in request_parameters.items() if value is not None}
     if not with_tools:
         parameters.pop("tool_choice", None)
         parameters.pop("parallel_tool_calls", None)
+    return parameters
+
+
+def single_call_parameters(request_parameters: Mapping[str, Any], tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What the single-call tier passes to its model call with the messages."""
+    parameters = model_parameters(request_parameters, with_tools=bool(tools))
+    if tools:
+        parameters["tools"] = list(tools)
     return parameters
 
 
@@ -146,19 +159,23 @@ def model_call(
     tools: Sequence[Mapping[str, Any]] = (),
     parent: str | None = None,
     name: str = "chat",
+    started: providers.Started | None = None,
+    started_hold: Any = None,
+    metadata: Mapping[str, Any] | None = None,
 ) -> providers.Completion:
     """One model call, recorded as a generation span; a failed one is recorded before ProviderFailed
-    goes on to the caller."""
-    hold = spend_reserve(recorder, target, messages, parameters)
-    started = time.time_ns()
+    goes on to the caller. With `started`, the call's first attempt is already under way, and
+    `started_hold` is what it reserved against the budgets."""
+    hold = started_hold if started is not None else spend_reserve(recorder, target, messages, parameters)
+    started_ns = time.time_ns()
     try:
-        completion = providers.completion(target=target, messages=messages, parameters=parameters)
+        completion = providers.completion(target=target, messages=messages, parameters=parameters, started=started)
     except providers.ProviderFailed as error:
         hooks.guard().spend_settle(hold, cost_usd=0, tokens=0)
-        recorder.failed_generation(error, model=target.model, messages=messages, start_ns=started)
+        recorder.failed_generation(error, model=target.model, messages=messages, start_ns=started_ns)
         raise
     spend_settle(hold, completion)
-    recorder.generation(completion, messages=messages, tools=tools, parent=parent, name=name)
+    recorder.generation(completion, messages=messages, tools=tools, parent=parent, name=name, metadata=metadata)
     return completion
 
 
@@ -192,10 +209,18 @@ def single_result(completion: providers.Completion) -> TierResult:
 
 def single_call(context: TierContext, messages: Sequence[Mapping[str, Any]]) -> TierResult:
     target = target_for_tier(agent=context.agent, config=context.config, tier=TierChoice.SINGLE_CALL)
-    parameters = _model_parameters(context, with_tools=bool(context.tools))
-    if context.tools:
-        parameters["tools"] = list(context.tools)
-    return single_result(model_call(context.recorder, target, messages, parameters, tools=context.tools))
+    parameters = single_call_parameters(context.parameters, context.tools)
+    completion = model_call(
+        context.recorder,
+        target,
+        messages,
+        parameters,
+        tools=context.tools,
+        started=context.started,
+        started_hold=context.started_hold,
+        metadata={"speculative": "used"} if context.started is not None else None,
+    )
+    return single_result(completion)
 
 
 # --- chain -------------------------------------------------------------------------------------------
@@ -288,7 +313,7 @@ def chain(context: TierContext, messages: Sequence[Mapping[str, Any]]) -> TierRe
         if outputs:
             earlier = "\n\n".join(f"Output of step {name}:\n{text}" for name, text in outputs)
             step_messages.append({"role": "user", "content": f"{earlier}\n\nNow do step {step.name}."})
-        parameters = _model_parameters(context, with_tools=False)
+        parameters = model_parameters(context.parameters, with_tools=False)
         if step.output_schema:
             parameters["response_format"] = {"type": "json_object"}
         step_span = context.recorder.span(
@@ -391,7 +416,7 @@ def agentic(context: TierContext, messages: Sequence[Mapping[str, Any]]) -> Tier
     deadline = None if context.time_budget_ms is None else time.monotonic() + context.time_budget_ms / 1000
     conversation = [dict(message) for message in messages]
     result = TierResult(message={"role": "assistant", "content": ""}, finish_reason="stop")
-    parameters = _model_parameters(context, with_tools=bool(definitions))
+    parameters = model_parameters(context.parameters, with_tools=bool(definitions))
     if definitions:
         parameters["tools"] = definitions
     while True:

@@ -574,6 +574,7 @@ def post_cases(tenant: Tenant) -> dict[str, tuple[str, dict[str, Any]]]:
                 "latency_weight": "0.2",
                 "risk_weight": "0.1",
                 "shadow_rate": "25",
+                "speculative_single_call": "on",
                 "cache_threshold": "0.9",
                 "cache_ttl_hours": "24",
                 "human_message": "A person will answer.",

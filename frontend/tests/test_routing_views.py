@@ -172,6 +172,7 @@ def test_saving_the_router_stores_rules_and_shares(tenant, member_client):
         {"name": "refunds", "kind": "keywords", "value": "refund", "to_tier": "agentic", "reason": "money"}
     ]
     assert (config.shadow_rate, config.cache_threshold, config.cache_ttl_seconds) == (0.25, 0.9, 86_400)
+    assert config.speculative_single_call is True
     assert config.human_message == "A person will answer."
     page = member_client.get(url).content.decode()
     assert 'name="rule-0-value" value="refund"' in page

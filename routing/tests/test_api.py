@@ -212,7 +212,12 @@ def test_the_router_configuration_is_read_and_changed_in_part(acme):
     path = f"/api/v1/agents/{acme.agent.slug}/router"
     rules = [{"name": "refunds", "kind": "keywords", "value": "refund", "to_tier": "agentic", "reason": "money"}]
 
-    changed = call(acme.client, "PUT", path, {"rules": rules, "cache_enabled": True, "agentic_target": "support-fast"})
+    changed = call(
+        acme.client,
+        "PUT",
+        path,
+        {"rules": rules, "cache_enabled": True, "agentic_target": "support-fast", "speculative_single_call": True},
+    )
     read = call(acme.client, "GET", path).json()
 
     assert changed.status_code == 200
@@ -222,7 +227,7 @@ def test_the_router_configuration_is_read_and_changed_in_part(acme):
         "support-fast",
         0.1,
     )
-    assert (read["rules"], read["cache_enabled"]) == (rules, True)
+    assert (read["rules"], read["cache_enabled"], read["speculative_single_call"]) == (rules, True, True)
 
 
 def test_a_bad_router_configuration_changes_nothing(acme, globex):
@@ -234,8 +239,10 @@ def test_a_bad_router_configuration_changes_nothing(acme, globex):
     bad_rule = call(
         acme.client, "PUT", path, {"rules": [{"name": "r", "kind": "pattern", "value": "(", "to_tier": "chain"}]}
     )
+    not_a_switch = call(acme.client, "PUT", path, {"speculative_single_call": "sometimes"})
 
     assert_error(out_of_range, 422, "router_config_invalid")
+    assert_error(not_a_switch, 422, "validation_error")
     assert_error(their_target, 422, "router_config_invalid")
     assert_error(bad_rule, 422, "router_config_invalid")
     assert state() == before

@@ -9,7 +9,7 @@ from agent_registry import demo as registry_demo
 from guardrails.models import GuardrailViolation
 from routing import demo
 from routing.models import CacheHit, Handoff, RoutingDecision, ShadowRun
-from tracing.models import Trajectory
+from tracing.models import Span, Trajectory
 
 pytestmark = pytest.mark.django_db
 
@@ -20,7 +20,9 @@ def test_the_demo_traffic_shows_every_tier_method_and_outcome(demo_workspace):
         conversation_id__startswith="demo-guardrails"
     )
 
-    assert decisions.count() == len(demo.RIDE_WAVE) + len(demo.SHOPPING_WAVE) + len(demo.RIDE_SECOND_WAVE)
+    assert decisions.count() == (
+        len(demo.RIDE_WAVE) + len(demo.SHOPPING_WAVE) + len(demo.RIDE_SECOND_WAVE) + len(demo.RIDE_THIRD_WAVE)
+    )
     ride = decisions.filter(agent__slug="ride-support")
     assert set(ride.values_list("tier", flat=True)) == {"single_call", "chain", "human"}
     assert {"rule", "estimate", "cold_start"} <= set(ride.values_list("method", flat=True))
@@ -35,6 +37,17 @@ def test_the_demo_traffic_shows_every_tier_method_and_outcome(demo_workspace):
     # past requests the judge scored low on every automated tier.
     assert Handoff.objects.filter(workspace=demo_workspace).count() == 4
     assert CacheHit.objects.filter(workspace=demo_workspace, false_hit__isnull=False).count() == 1
+    # The third wave, with the speculative single call: each request started one, and the one the chain
+    # served instead is on its trajectory, paid for and marked unused.
+    third = ride.filter(conversation_id__startswith="demo-c")
+    assert third.filter(features__has_key="speculative").count() == len(demo.RIDE_THIRD_WAVE)
+    unused = third.filter(features__speculative=False).values_list("trace_id", flat=True)
+    assert unused
+    for trace_id in unused:
+        names = Span.objects.filter(workspace=demo_workspace, trace_id=trace_id, span_type="generation").values_list(
+            "name", flat=True
+        )
+        assert any(name.startswith("speculative single call") for name in names)
 
 
 def test_every_request_is_a_trajectory_of_its_agent(demo_workspace):
