@@ -120,6 +120,7 @@ class _Plan:
     record_behind: bool = False  # the record is written after the answer (config/write_behind.py)
     started: float = field(default_factory=time.perf_counter)
     speculation: speculation.Speculation | None = None  # the single call started before the router decided
+    unused_cost: Decimal | None = None  # what a speculative call the chosen tier did not take cost
 
 
 # --- Planning ----------------------------------------------------------------------------------------
@@ -437,7 +438,9 @@ def _speculation_unused(plan: _Plan, *, recorded: bool = True) -> None:
     """Account for a speculative single call the chosen tier did not take (a no-op when it took it)."""
     if plan.speculation is not None:
         tier = plan.decision.tier if plan.decision is not None else ""
-        speculation.speculation_unused(plan.speculation, recorder=plan.recorder if recorded else None, tier=tier)
+        plan.unused_cost = speculation.speculation_unused(
+            plan.speculation, recorder=plan.recorder if recorded else None, tier=tier
+        )
         plan.speculation = None
 
 
@@ -534,6 +537,8 @@ def _store(
         row = None
         if plan.agent is not None and decision is not None and plan.pin is None:
             cost = result.cost_usd if result else None
+            if plan.unused_cost is not None:  # paid to serve this request too: the router learns from it
+                cost = (cost or 0) + plan.unused_cost
             row = RoutingDecision.objects.create(
                 workspace_id=plan.agent.workspace_id,
                 agent=plan.agent,

@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Final
 
 from agent_registry.models import Agent
@@ -138,12 +139,13 @@ def speculation_start(
     )
 
 
-def speculation_unused(speculation: Speculation, *, recorder: TraceRecorder | None, tier: str) -> None:
+def speculation_unused(speculation: Speculation, *, recorder: TraceRecorder | None, tier: str) -> Decimal | None:
     """Once the request is served by `tier`: wait for a call the single-call tier did not take, count what it
     cost against the budgets, and record it on the trajectory (`recorder`; None when the request is not
-    recorded). A call the tier took is the tier's; nothing is done."""
+    recorded). Returns its cost (None: unpriced or failed). A call the tier took is the tier's; nothing is
+    done."""
     if speculation.started.taken:
-        return
+        return None
     try:
         completion = providers.completion(
             target=speculation.target,
@@ -162,7 +164,7 @@ def speculation_unused(speculation: Speculation, *, recorder: TraceRecorder | No
                 output={"error": error.detail},
                 metadata={"speculative": NOT_USED, "tier": tier},
             )
-        return
+        return None
     tiers.spend_settle(speculation.hold, completion)
     if recorder is not None:
         recorder.generation(
@@ -172,3 +174,4 @@ def speculation_unused(speculation: Speculation, *, recorder: TraceRecorder | No
             name="speculative single call",
             metadata={"speculative": NOT_USED, "tier": tier},
         )
+    return completion.cost_usd

@@ -124,6 +124,12 @@ def test_a_call_the_router_did_not_choose_is_paid_for_recorded_and_not_sent(spec
     _past(speculative, SIMPLE, {"single_call": 0.2, "chain": 0.95})
     probe = NeighbourProbe(speculative, monkeypatch)  # so the speculative call is the fake's first
     speculative.fake.script("fast", say("the speculative answer"))
+    tracing_services.model_price_set(
+        workspace=speculative.workspace,
+        model=f"{FAKE_PROVIDER}/fast",
+        input_usd_per_million=Decimal("1"),
+        output_usd_per_million=Decimal("10"),
+    )
 
     body = speculative.ask(SIMPLE).json()
 
@@ -133,6 +139,8 @@ def test_a_call_the_router_did_not_choose_is_paid_for_recorded_and_not_sent(spec
     assert [received.model for received in speculative.fake.received].count("fast") == 2  # speculative + step
     decision = RoutingDecision.objects.get(trace_id=body["keel"]["trace_id"])
     assert decision.features["speculative"] is False
+    # The request's cost, which the router learns from, is the chain step's and the unused call's.
+    assert decision.cost_usd == 2 * Decimal("0.00012000")  # each: 40 input tokens at $1/M, 8 output at $10/M
     generations = _generations(speculative, decision.trace_id)
     unused = [span for span in generations if _metadata(span).get("speculative") == "not used"]
     assert len(unused) == 1
