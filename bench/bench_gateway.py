@@ -443,22 +443,20 @@ def _fixtures(api_base: str) -> Fixtures:
 
     owner = User.objects.create_user(username="bench-owner", password=None)
     workspace = registry.workspace_create(slug="bench", name="Benchmark", owner=owner)
-    target = ModelTarget.objects.create(
-        workspace=workspace,
-        alias="stub-chat",
-        model="openai/stub",
-        api_base=api_base,
-        api_key_encrypted=crypto.encrypt("sk-bench-stub"),
-        tier="single_call",
-        timeout_seconds=30.0,
-    )
-    embedder = ModelTarget.objects.create(
-        workspace=workspace,
-        alias="stub-embedding",
-        model="openai/stub-embedding",
-        api_base=api_base,
-        api_key_encrypted=crypto.encrypt("sk-bench-stub"),
-        timeout_seconds=30.0,
+    target, embedder = (
+        ModelTarget.objects.create(
+            workspace=workspace,
+            alias=alias,
+            model=model,
+            api_base=api_base,
+            api_key_encrypted=crypto.encrypt("sk-bench-stub"),
+            tier=tier,
+            timeout_seconds=30.0,
+        )
+        for alias, model, tier in (
+            ("stub-chat", "openai/stub", "single_call"),
+            ("stub-embedding", "openai/stub-embedding", ""),
+        )
     )
     adaptive = registry.agent_create(workspace=workspace, slug="ride-support", name="Ride support")
     speculative = registry.agent_create(workspace=workspace, slug="ride-support-speculative", name="Ride support")

@@ -7,6 +7,7 @@ import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -16,7 +17,7 @@ from django.test import Client
 from agent_registry import services as registry_services
 from agent_registry.models import Agent, ApiKey, Workspace
 from agent_registry.tests.factories import AgentFactory, prompt_with_versions, requirements_answers
-from routing.models import ModelTarget, RouterConfig
+from routing.models import ModelTarget, RouterConfig, RoutingDecision
 from routing.tests.fakes import FAKE_PROVIDER, FakeGatewayLLM, fake_gateway_provider
 
 SYSTEM = "You are {{company}}'s ride support assistant."
@@ -82,6 +83,30 @@ def targets(workspace: Workspace) -> tuple[ModelTarget, ModelTarget]:
         workspace=workspace, alias="strong", model=f"{FAKE_PROVIDER}/strong", tier="agentic", max_retries=0
     )
     return fast, strong
+
+
+def past_decisions(gateway: Gateway, text: str, quality: dict[str, float]) -> None:
+    """Six past requests of `text` per tier, each with the quality that tier reached on it (the single call
+    the cheaper and quicker), for the learned router to find as the request's neighbours."""
+    from routing import cache
+
+    vector = cache.request_embed(text=text, target=None).vector
+    for index in range(6):
+        for tier, score in quality.items():
+            RoutingDecision.objects.create(
+                workspace=gateway.workspace,
+                agent=gateway.agent,
+                trace_id=f"{tier[:6]}{index:026d}",
+                request_text=text,
+                embedding=vector,
+                tier=tier,
+                method="estimate",
+                reason="seed",
+                status="ok",
+                quality=score,
+                cost_usd=Decimal("0.001") if tier == "single_call" else Decimal("0.004"),
+                latency_ms=800 if tier == "single_call" else 2400,
+            )
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from agent_registry.tests.factories import AgentFactory
 from guardrails import services as guardrail_services
 from routing import services, shadow
 from routing.models import AgentTool, ChainStep, Handoff, ModelTarget, RoutingDecision, ShadowRun, ShadowStatus
-from routing.tests.conftest import Gateway, ToolServer, gateway_agent, targets
+from routing.tests.conftest import Gateway, ToolServer, gateway_agent, past_decisions, targets
 from routing.tests.fakes import FAKE_PROVIDER, Cut, call, say
 from tracing import services as tracing_services
 from tracing.models import IngestBatch, Trajectory
@@ -574,27 +574,9 @@ def test_the_semantic_cache_answers_a_repeated_request_and_marks_the_trajectory(
 
 
 def test_the_learned_router_escalates_when_similar_requests_did_better_on_the_dearer_tier(gateway):
-    from routing import cache
-
     ChainStep.objects.create(agent=gateway.agent, position=1, name="answer", instructions="Answer.")
     past = "Compare the fare of my airport trip with the quote I got"
-    vector = cache.request_embed(text=past, target=None).vector
-    for index in range(6):
-        for tier, quality in (("single_call", 0.2), ("chain", 0.95)):
-            RoutingDecision.objects.create(
-                workspace=gateway.workspace,
-                agent=gateway.agent,
-                trace_id=f"{tier[:6]}{index:026d}",
-                request_text=past,
-                embedding=vector,
-                tier=tier,
-                method="estimate",
-                reason="seed",
-                status="ok",
-                quality=quality,
-                cost_usd=Decimal("0.001") if tier == "single_call" else Decimal("0.004"),
-                latency_ms=800 if tier == "single_call" else 2400,
-            )
+    past_decisions(gateway, past, {"single_call": 0.2, "chain": 0.95})
 
     body = gateway.ask(past).json()
 

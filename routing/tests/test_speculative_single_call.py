@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from litellm.exceptions import InternalServerError
 
-from routing import cache, selectors, speculation
+from routing import selectors, speculation
 from routing.models import ChainStep, RoutingDecision
-from routing.tests.conftest import Gateway
+from routing.tests.conftest import Gateway, past_decisions
 from routing.tests.fakes import FAKE_PROVIDER, say
 from tracing import services as tracing_services
 from tracing.models import IngestBatch, Span, Trajectory
@@ -69,27 +69,6 @@ def _metadata(span: Span) -> dict[str, Any]:
     return json.loads(span.data).get("metadata") or {}
 
 
-def _past(gateway: Gateway, text: str, quality: dict[str, float]) -> None:
-    """Six past requests like `text` per tier, with the quality each tier reached on them."""
-    vector = cache.request_embed(text=text, target=None).vector
-    for index in range(6):
-        for tier, score in quality.items():
-            RoutingDecision.objects.create(
-                workspace=gateway.workspace,
-                agent=gateway.agent,
-                trace_id=f"{tier[:6]}{index:026d}",
-                request_text=text,
-                embedding=vector,
-                tier=tier,
-                method="estimate",
-                reason="seed",
-                status="ok",
-                quality=score,
-                cost_usd=Decimal("0.001") if tier == "single_call" else Decimal("0.004"),
-                latency_ms=800 if tier == "single_call" else 2400,
-            )
-
-
 def test_the_single_call_is_under_way_while_the_router_looks_up_neighbours_and_its_answer_is_sent(
     speculative, monkeypatch
 ):
@@ -121,7 +100,7 @@ def test_without_the_setting_the_router_decides_before_the_model_is_called(gatew
 
 def test_a_call_the_router_did_not_choose_is_paid_for_recorded_and_not_sent(speculative, monkeypatch):
     ChainStep.objects.create(agent=speculative.agent, position=1, name="answer", instructions="Answer.")
-    _past(speculative, SIMPLE, {"single_call": 0.2, "chain": 0.95})
+    past_decisions(speculative, SIMPLE, {"single_call": 0.2, "chain": 0.95})
     probe = NeighbourProbe(speculative, monkeypatch)  # so the speculative call is the fake's first
     speculative.fake.script("fast", say("the speculative answer"))
     tracing_services.model_price_set(
@@ -190,7 +169,7 @@ def test_a_speculative_call_that_fails_is_the_single_calls_first_attempt_and_the
 
 def test_an_unused_call_that_failed_is_recorded_on_the_target_and_the_trajectory(speculative):
     ChainStep.objects.create(agent=speculative.agent, position=1, name="answer", instructions="Answer.")
-    _past(speculative, SIMPLE, {"single_call": 0.2, "chain": 0.95})
+    past_decisions(speculative, SIMPLE, {"single_call": 0.2, "chain": 0.95})
     outage = InternalServerError("upstream 500", llm_provider=FAKE_PROVIDER, model="fast")
     speculative.fake.script("fast", outage)
 
