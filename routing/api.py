@@ -388,6 +388,7 @@ def router_report_api(request: HttpRequest, slug: str, query: Query[RouterReport
         "tiers": list(view.tiers),
         "report": view.report.as_json(),
         "daily": [bucket.as_json() for bucket in view.daily],
+        "speculation": view.speculation.as_json(),
     }
 
 

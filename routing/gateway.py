@@ -442,6 +442,8 @@ def _speculation_unused(plan: _Plan, *, recorded: bool = True) -> None:
             plan.speculation, recorder=plan.recorder if recorded else None, tier=tier
         )
         plan.speculation = None
+        if plan.decision is not None and plan.unused_cost is not None:
+            plan.decision.features["speculative_cost_usd"] = float(plan.unused_cost)
 
 
 # --- Recording ---------------------------------------------------------------------------------------

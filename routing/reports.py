@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
 
-from django.db.models import Q, QuerySet
+from django.db.models import Count, FloatField, Q, QuerySet, Sum
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast
 from django.urls import reverse
 from django.utils import timezone
 from pydantic import ValidationError
@@ -321,12 +323,46 @@ def router_outcomes(*, agent: Agent, since: datetime, until: datetime) -> list[t
 
 
 @dataclass(frozen=True)
+class SpeculationSummary:
+    """The agent's speculative single calls (routing/speculation.py) in a period: how many started, how many
+    answers the router's choice of the single call took, and what the unused ones cost."""
+
+    started: int
+    taken: int
+    unused_cost_usd: float | None
+
+    @property
+    def unused(self) -> int:
+        return self.started - self.taken
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "started": self.started,
+            "taken": self.taken,
+            "unused": self.unused,
+            "unused_cost_usd": self.unused_cost_usd,
+        }
+
+
+def speculation_summary(*, agent: Agent, since: datetime, until: datetime) -> SpeculationSummary:
+    totals = RoutingDecision.objects.filter(
+        agent=agent, created_at__gte=since, created_at__lt=until, features__has_key="speculative"
+    ).aggregate(
+        started=Count("pk"),
+        taken=Count("pk", filter=Q(features__speculative=True)),
+        unused_cost=Sum(Cast(KT("features__speculative_cost_usd"), FloatField())),
+    )
+    return SpeculationSummary(started=totals["started"], taken=totals["taken"], unused_cost_usd=totals["unused_cost"])
+
+
+@dataclass(frozen=True)
 class RouterReportView:
     since: datetime
     until: datetime
     tiers: tuple[str, ...]
     report: evaluation.RouterReport
     daily: list[evaluation.Bucket]
+    speculation: SpeculationSummary
 
 
 def router_report(*, agent: Agent, since: datetime, until: datetime) -> RouterReportView:
@@ -340,4 +376,5 @@ def router_report(*, agent: Agent, since: datetime, until: datetime) -> RouterRe
         tiers=tiers,
         report=evaluation.router_report([outcome for _, outcome in outcomes], tiers),
         daily=evaluation.bucketed(outcomes),
+        speculation=speculation_summary(agent=agent, since=since, until=until),
     )

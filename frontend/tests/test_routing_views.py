@@ -249,6 +249,19 @@ def test_the_report_shows_tiers_best_tier_rate_and_the_daily_series(tenant, view
     assert chart["totals"] == [0] * 7 + [1]
 
 
+def test_the_report_counts_speculative_single_calls_only_when_there_were_some(tenant, viewer_client):
+    url = page_urls(tenant)["agent_router_report"]
+    before = viewer_client.get(url).content.decode()
+    tenant.decision.features = {"speculative": False, "speculative_cost_usd": 0.0004}
+    tenant.decision.save(update_fields=["features"])
+
+    after = viewer_client.get(url).content.decode()
+
+    assert "data-speculation" not in before
+    assert "1 started before the router decided; 0 answered the request; 1 went unused" in after
+    assert "costing $0.0004 in all" in after
+
+
 def test_an_agent_without_traffic_is_told_how_to_get_some(tenant, viewer_client):
     agent = AgentFactory.create(workspace=tenant.workspace, slug="quiet", name="Quiet")
 

@@ -389,6 +389,7 @@ def test_the_router_report_measures_the_agent(acme):
     # The agentic shadow scored 0.9 against the chain's 0.6: the router did not pick the best tier.
     assert (report["best_tier_rate"], report["compared"]) == (0.0, 1)
     assert [bucket["total"] for bucket in body["daily"]] == [1]
+    assert body["speculation"] == {"started": 0, "taken": 0, "unused": 0, "unused_cost_usd": None}
     assert_error(
         call(acme.client, "GET", f"/api/v1/agents/{acme.agent.slug}/router-report?days=0"), 422, "validation_error"
     )

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.utils import timezone
 from litellm.exceptions import InternalServerError
 
-from routing import selectors, speculation
+from routing import reports, selectors, speculation
 from routing.models import ChainStep, RoutingDecision
 from routing.tests.conftest import Gateway, past_decisions
 from routing.tests.fakes import FAKE_PROVIDER, say
@@ -202,3 +204,27 @@ def test_a_full_pool_starts_nothing_and_frees_its_slot_when_a_call_ends():
         threading.Event().wait(0.01)
     assert second is not None
     assert second.result(WAIT_SECONDS) == "ran"
+
+
+def test_the_router_report_counts_speculative_calls_and_what_the_unused_ones_cost(speculative, monkeypatch):
+    ChainStep.objects.create(agent=speculative.agent, position=1, name="answer", instructions="Answer.")
+    tracing_services.model_price_set(
+        workspace=speculative.workspace,
+        model=f"{FAKE_PROVIDER}/fast",
+        input_usd_per_million=Decimal("1"),
+        output_usd_per_million=Decimal("10"),
+    )
+    taken = speculative.ask(SIMPLE).json()  # no past requests: the estimate keeps the single call
+    past_decisions(speculative, SIMPLE, {"single_call": 0.2, "chain": 0.95})
+    unused = speculative.ask(SIMPLE).json()
+    speculative.ask("The driver was unsafe and I want to report it")  # a rule decides: none started
+    now = timezone.now()
+
+    summary = reports.speculation_summary(agent=speculative.agent, since=now - timedelta(hours=1), until=now)
+
+    assert (taken["keel"]["tier"], unused["keel"]["tier"]) == ("single_call", "chain")
+    assert (summary.started, summary.taken, summary.unused) == (2, 1, 1)
+    assert summary.unused_cost_usd == pytest.approx(0.00012)
+    assert reports.router_report(agent=speculative.agent, since=now - timedelta(hours=1), until=now).speculation == (
+        summary
+    )
