@@ -206,7 +206,7 @@ def test_a_full_pool_starts_nothing_and_frees_its_slot_when_a_call_ends():
     assert second.result(WAIT_SECONDS) == "ran"
 
 
-def test_the_router_report_counts_speculative_calls_and_what_the_unused_ones_cost(speculative, monkeypatch):
+def test_the_router_report_counts_speculative_calls_and_what_the_unused_ones_cost(speculative):
     ChainStep.objects.create(agent=speculative.agent, position=1, name="answer", instructions="Answer.")
     tracing_services.model_price_set(
         workspace=speculative.workspace,
