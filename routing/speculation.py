@@ -7,8 +7,9 @@ for the single call without its neighbours), the gateway starts the single call 
 are known, then embeds the request, searches its nearest past requests and estimates. When the router
 chooses the single call, the gateway takes that call's answer: the router's time (and a remote embedder's
 round trip) was spent while the model worked, not before it started. When the router chooses another
-tier, the call is waited for once that tier is done, counted against the budgets and recorded on the
-trajectory as a generation marked `speculative: not used`, and its answer dropped. The setting trades
+tier, the call is waited for once that tier is done, counted against the budgets and in the request's cost
+(the routing decision's, which the router learns from), recorded on the trajectory as a generation marked
+`speculative: not used`, and its answer dropped. The setting trades
 money for latency: each request the router sends past the single call pays for one single call it does
 not use.
 
@@ -23,7 +24,6 @@ where the answer is taken, as for a call made there.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -37,8 +37,6 @@ from config.errors import KeelError
 from routing import hooks, providers, tiers
 from routing.models import ModelTarget, RouterConfig, TierChoice
 from routing.recording import TraceRecorder
-
-logger = logging.getLogger("routing.speculation")
 
 POOL_SIZE: Final = 8
 HANDOVER_SECONDS: Final = 0.05
