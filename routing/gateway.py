@@ -120,7 +120,6 @@ class _Plan:
     record_behind: bool = False  # the record is written after the answer (config/write_behind.py)
     started: float = field(default_factory=time.perf_counter)
     speculation: speculation.Speculation | None = None  # the single call started before the router decided
-    unused_cost: Decimal | None = None  # what a speculative call the chosen tier did not take cost
 
 
 # --- Planning ----------------------------------------------------------------------------------------
@@ -392,11 +391,10 @@ def _plan_agent(plan: _Plan, context: selectors.GatewayAgent) -> None:
         )
     plan.decision.features["router_us"] = int((time.perf_counter() - routed) * 1_000_000)
     plan.decision.features["lookup_us"] = int((routed - started) * 1_000_000)
-    taken = None
+    single_call = plan.decision.tier == TierChoice.SINGLE_CALL
     if plan.speculation is not None:
-        plan.decision.features["speculative"] = plan.decision.tier == TierChoice.SINGLE_CALL
-        if plan.decision.tier == TierChoice.SINGLE_CALL:
-            taken = plan.speculation
+        plan.decision.features["speculative"] = single_call
+    taken = plan.speculation if single_call else None
     budget = budgets.get(plan.decision.tier, {})
     plan.context = tiers.TierContext(
         agent=agent,
@@ -438,12 +436,10 @@ def _speculation_unused(plan: _Plan, *, recorded: bool = True) -> None:
     """Account for a speculative single call the chosen tier did not take (a no-op when it took it)."""
     if plan.speculation is not None:
         tier = plan.decision.tier if plan.decision is not None else ""
-        plan.unused_cost = speculation.speculation_unused(
-            plan.speculation, recorder=plan.recorder if recorded else None, tier=tier
-        )
+        cost = speculation.speculation_unused(plan.speculation, recorder=plan.recorder if recorded else None, tier=tier)
         plan.speculation = None
-        if plan.decision is not None and plan.unused_cost is not None:
-            plan.decision.features["speculative_cost_usd"] = float(plan.unused_cost)
+        if plan.decision is not None and cost is not None:
+            plan.decision.features["speculative_cost_usd"] = float(cost)
 
 
 # --- Recording ---------------------------------------------------------------------------------------
@@ -539,8 +535,10 @@ def _store(
         row = None
         if plan.agent is not None and decision is not None and plan.pin is None:
             cost = result.cost_usd if result else None
-            if plan.unused_cost is not None:  # paid to serve this request too: the router learns from it
-                cost = (cost or 0) + plan.unused_cost
+            # An unused speculative call was paid to serve this request too: the router learns from its cost.
+            unused = decision.features.get("speculative_cost_usd")
+            if unused is not None:
+                cost = (cost or 0) + Decimal(str(unused))
             row = RoutingDecision.objects.create(
                 workspace_id=plan.agent.workspace_id,
                 agent=plan.agent,

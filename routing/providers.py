@@ -279,11 +279,10 @@ def _tries(
 ) -> Iterator[ModelTarget]:
     """The target, then each fallback, each as many times as its retries allow (or the first once). `order`
     is `targets_in_order(target)` when the caller has read it already."""
-    candidates = targets_in_order(target) if order is None else order
     if single_attempt:
-        yield candidates[0] if order is not None else target
+        yield order[0] if order else target
         return
-    for candidate in candidates:
+    for candidate in targets_in_order(target) if order is None else order:
         for _ in range(1 + candidate.max_retries):
             yield candidate
 
