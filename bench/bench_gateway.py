@@ -10,7 +10,9 @@ them (gunicorn 2 × 4 threads, a Celery worker of concurrency 2, DEBUG off).
 
 1. **Overhead**, sequential, one keep-alive connection: the same kind of request (a short support
    question under a rendered system prompt) (a) by `litellm.completion` in this process, with the
-   arguments the gateway passes, and (b) over HTTP through the gateway, as `agent/<slug>` with
+   arguments the gateway passes, (a') by a raw httpx POST in this process (no litellm: the least a caller
+   spends; the gateway itself calls an OpenAI-compatible server such as the stub without litellm,
+   routing/openai_compatible.py), and (b) over HTTP through the gateway, as `agent/<slug>` with
    adaptive routing (the learned router: offline embedding, the 20 nearest of 20,000 past decisions,
    the estimate), as the same agent with the speculative single call (its twin, with the same past
    decisions: the single call starts before the router decides, routing/speculation.py), as
@@ -20,7 +22,7 @@ them (gunicorn 2 × 4 threads, a Celery worker of concurrency 2, DEBUG off).
    so it never runs under a direct block. Each request carries a marker that the stub records with its
    own receive and answer times (CLOCK_MONOTONIC, shared by all processes), so each request's time
    splits into the provider's share and everything else ("outside the provider").
-   Overhead = gateway − direct, per percentile.
+   Overhead = gateway − direct (a), per percentile, as issue 5 asks, and gateway − raw (a').
    **The floor** under those figures, in the same blocks: a request the gateway refuses at once (an
    unknown model, 404: key auth and body parsing, no model call, no agent) over the same kind of
    connection, each after the stub's latency of idle, as every gateway request has after its model call;
@@ -96,9 +98,11 @@ class Size:
     cache_lookups: int
 
 
-KINDS = ("direct", "adaptive", "speculative", "remote", "remote_speculative", "single_level", "alias")
+KINDS = ("direct", "raw", "adaptive", "speculative", "remote", "remote_speculative", "single_level", "alias")
+GATEWAY_KINDS = KINDS[2:]
 KIND_LABELS = {
     "direct": "litellm.completion, in process",
+    "raw": "httpx POST to the stub, in process (no litellm)",
     "adaptive": "gateway, agent/<slug>, adaptive routing",
     "speculative": "gateway, agent/<slug>, adaptive routing, speculative single call",
     "remote": "gateway, agent/<slug>, adaptive routing, embedder on the stub",
@@ -115,6 +119,7 @@ FULL = Size(
     blocks=10,
     per_block={
         "direct": 200,
+        "raw": 100,
         "adaptive": 200,
         "speculative": 200,
         "remote": 100,
@@ -139,6 +144,7 @@ QUICK = Size(
     blocks=2,
     per_block={
         "direct": 20,
+        "raw": 10,
         "adaptive": 20,
         "speculative": 20,
         "remote": 10,
@@ -652,6 +658,30 @@ def _direct_caller(fixtures: Fixtures) -> Call:
     return call
 
 
+def _raw_caller(fixtures: Fixtures) -> tuple[Call, Callable[[], None]]:
+    """The least a Python caller can do: one keep-alive httpx client, the request's JSON, the answer parsed."""
+    import httpx
+
+    client = httpx.Client(headers={"Authorization": "Bearer sk-bench-stub"}, timeout=fixtures.target.timeout_seconds)
+    url = f"{fixtures.api_base.rstrip('/')}/chat/completions"
+    system = SYSTEM_TEMPLATE.replace("{{company}}", COMPANY)
+    model = fixtures.target.model.removeprefix("openai/")
+
+    def call(content: str) -> tuple[int, str | None, str | None]:
+        body = {
+            "model": model,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": content}],
+        }
+        try:
+            response = client.post(url, json=body)
+            response.json()
+        except (httpx.HTTPError, ValueError):
+            return 0, None, None
+        return response.status_code, None, None
+
+    return call, client.close
+
+
 def _gateway_caller(fixtures: Fixtures, port: int, kind: str) -> tuple[Call, Callable[[], None]]:
     """A caller with its own keep-alive connection, and the function that closes it."""
     import httpx
@@ -842,8 +872,11 @@ def _http_phases(fixtures: Fixtures, size: Size, web_port: int, stub_port: int, 
     from routing.models import RoutingDecision
 
     direct = _direct_caller(fixtures)
-    callers: dict[str, tuple[Call, Callable[[], None]]] = {"direct": (direct, lambda: None)}
-    for kind in SEQUENTIAL_KINDS[1:]:
+    callers: dict[str, tuple[Call, Callable[[], None]]] = {
+        "direct": (direct, lambda: None),
+        "raw": _raw_caller(fixtures),
+    }
+    for kind in SEQUENTIAL_KINDS[2:]:
         callers[kind] = _gateway_caller(fixtures, web_port, kind)
     markers = Markers()
     texts = Requests(seed=7)
@@ -863,7 +896,7 @@ def _http_phases(fixtures: Fixtures, size: Size, web_port: int, stub_port: int, 
         _progress(f"block {block + 1}/{size.blocks}")
         for kind in SEQUENTIAL_KINDS:
             taken = _sequential(kind, callers[kind][0], texts, size.per_block[kind], markers)
-            if kind != "direct":
+            if kind not in ("direct", "raw"):
                 drains.append(_ingest_drained(worker, size.drain_timeout))
             timings = _stub_timings(stub_port)
             for sample in taken:
@@ -916,8 +949,8 @@ def _report_http(report: Report, figures: HttpFigures) -> None:
     report.line(
         f"Stub latency {STUB_LATENCY_MS:g} ms. Each kind's requests ran in interleaved blocks; only answered "
         'requests (200, and for agents the single-call tier) count. "Outside the provider" is each request\'s '
-        "time less the stub's own receive-to-answer time for it: the caller's, litellm's and (through the "
-        "gateway) Keel's work plus both loopback hops. Keel's web and worker were running; the web process "
+        "time less the stub's own receive-to-answer time for it: the caller's, litellm's (direct) and (through "
+        "the gateway) Keel's work plus both loopback hops. Keel's web and worker were running; the web process "
         "wrote each request's record after answering (its write-behind thread, as `make run` runs it), and the "
         "worker's backlog was drained after each gateway block (so it ran during gateway blocks, as in "
         "production, and never during a direct one)."
@@ -927,7 +960,7 @@ def _report_http(report: Report, figures: HttpFigures) -> None:
     outside_rows = []
     for kind in KINDS:
         taken = samples[kind]
-        good = [s for s in taken if s.status == 200 and (kind in ("direct", "alias") or s.tier == "single_call")]
+        good = [s for s in taken if s.status == 200 and (kind in ("direct", "raw", "alias") or s.tier == "single_call")]
         statuses = Counter(s.status for s in taken)
         tiers = Counter(s.tier for s in taken if s.tier)
         note = ", ".join(f"{status}: {count}" for status, count in sorted(statuses.items()))
@@ -945,8 +978,9 @@ def _report_http(report: Report, figures: HttpFigures) -> None:
 
     direct_totals = [s.total_ms for s in direct]
     direct_outside = [s.total_ms - s.provider_ms for s in direct if s.provider_ms is not None]
+    raw_totals = [s.total_ms for s in samples["raw"] if s.status == 200]
     overhead_rows = []
-    for kind in KINDS[1:]:
+    for kind in GATEWAY_KINDS:
         good = [s for s in samples[kind] if s.status == 200 and (kind == "alias" or s.tier == "single_call")]
         totals = [s.total_ms for s in good]
         outside = [s.total_ms - s.provider_ms for s in good if s.provider_ms is not None]
@@ -955,16 +989,33 @@ def _report_http(report: Report, figures: HttpFigures) -> None:
             row.append(f"{percentile(totals, share) - percentile(direct_totals, share):.2f}")
         for share in (0.5, 0.99):
             row.append(f"{percentile(outside, share) - percentile(direct_outside, share):.2f}")
+        for share in (0.5, 0.99):
+            row.append(f"{percentile(totals, share) - percentile(raw_totals, share):.2f}")
         p50 = percentile(totals, 0.5) - percentile(direct_totals, 0.5)
         p99 = percentile(totals, 0.99) - percentile(direct_totals, 0.99)
         row.append(f"p50 {_verdict(p50, OVERHEAD_P50_TARGET)}; p99 {_verdict(p99, OVERHEAD_P99_TARGET)}")
         overhead_rows.append(row)
     report.line(
-        "Overhead = gateway − direct, per percentile (of the whole time, and of the time outside the provider):"
+        "Overhead = gateway − direct (litellm), per percentile (of the whole time, and of the time outside the "
+        "provider); and gateway − raw HTTP, the least any Python caller spends. Keel calls an OpenAI-compatible "
+        "server such as the stub without litellm (routing/openai_compatible.py), so what litellm costs a direct "
+        "caller is not in the gateway's time: the raw columns are what the gateway adds to a caller that spends "
+        "nothing."
     )
     report.line()
     report.table(
-        ["through", "p50 ms", "p95 ms", "p99 ms", "outside p50 ms", "outside p99 ms", "target (issue 5)"], overhead_rows
+        [
+            "through",
+            "p50 ms",
+            "p95 ms",
+            "p99 ms",
+            "outside p50 ms",
+            "outside p99 ms",
+            "over raw HTTP p50 ms",
+            "over raw HTTP p99 ms",
+            "target (issue 5)",
+        ],
+        overhead_rows,
     )
     refused = samples[REFUSED]
     floor = [s.total_ms for s in refused if s.status == 404]
@@ -997,7 +1048,7 @@ def _report_http(report: Report, figures: HttpFigures) -> None:
         "The speculative twins (routing/speculation.py): the same agent, policy and past decisions, with the "
         "single call started before the router's embedding, neighbour search and estimate, and taken when the "
         "router chose the single call. The twins with the embedder on the stub embed each request through "
-        "litellm and the stub's `/v1/embeddings` (answered at once, with no latency of its own), as with a "
+        f"the stub's `/v1/embeddings`, which answers after the same {STUB_LATENCY_MS:g} ms as a chat call, as with a "
         "provider's embedding model. Requests that started a speculative call and went to another tier paid "
         "for a single call they did not use; the others were decided by a rule or looked too hard for a single "
         "call, and started none:"
@@ -1068,7 +1119,7 @@ STAGES = (
     ("routing.router", "route"),
     ("routing.gateway", "_decision_span"),
     ("routing.providers", "completion"),
-    ("litellm", "completion"),
+    ("routing.openai_compatible", "chat"),
     ("routing.gateway", "_record"),
     ("routing.gateway", "_store"),
     ("tracing.services", "ingest_spans_accept"),
@@ -1196,7 +1247,8 @@ def _inprocess(report: Report, fixtures: Fixtures, count: int) -> None:
         "auth, the view; no HTTP server), each stage timed by wrapping its module function; only requests "
         f"answered by the single-call tier count (tiers: {dict(tiers.most_common())}). The stages nest: `_plan` "
         "holds `_policy`, `request_embed`, `routing_neighbours`, `route` and `_decision_span`; "
-        "`providers.completion` holds `litellm.completion`, which holds the stub's 20 ms. `_record` closes "
+        "`providers.completion` holds `openai_compatible.chat` (the stub is called without litellm), which "
+        "holds the stub's 20 ms. `_record` closes "
         "the trace and hands the writes to the write-behind thread (config/write_behind.py), as `make run` "
         "does; `_store` (the decision and the spans, in one transaction) holds `ingest_spans_accept`, and "
         "both are timed in that thread while the requests go on, so they are not part of Keel's own time."
@@ -1243,10 +1295,10 @@ def _inprocess(report: Report, fixtures: Fixtures, count: int) -> None:
     output = io.StringIO()
     stats = pstats.Stats(profiler, stream=output)
     stats.sort_stats("cumulative").print_stats(
-        r"routing/|tracing/|agent_registry/|config/|litellm/(main|utils|cost)", 40
+        r"routing/|tracing/|agent_registry/|config/|httpx/_client|litellm/(main|utils|cost)", 40
     )
     text = output.getvalue()
-    report.line(f"cProfile of {count} more requests (cumulative; Keel's modules and litellm's entry points):")
+    report.line(f"cProfile of {count} more requests (cumulative; Keel's modules, httpx's and litellm's entry points):")
     report.code(text[text.find("   ncalls") :] if "   ncalls" in text else text)
     by_own = io.StringIO()
     pstats.Stats(profiler, stream=by_own).sort_stats("tottime").print_stats(25)

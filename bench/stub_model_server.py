@@ -7,7 +7,8 @@ Serves
   same answer as server-sent events (role, four content pieces, the finish reason, and usage when
   `stream_options.include_usage` asks for it), the first event after `--latency-ms` and each further
   one after `--chunk-delay-ms`;
-- `POST /v1/embeddings`: a deterministic 1,536-wide unit vector per input (from a hash of the text);
+- `POST /v1/embeddings`: a deterministic 1,536-wide unit vector per input (from a hash of the text),
+  after `--latency-ms`;
 - `GET /health`: `{"status": "ok"}`;
 - `GET /_timings`: what the server saw of each request whose last message carries a marker
   `[bench:<id>]`, as `{"<id>": [received_ns, answered_ns], ...}` on CLOCK_MONOTONIC (which every

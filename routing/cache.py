@@ -33,7 +33,7 @@ from config.errors import KeelError
 from config.process_cache import TtlCache
 from config.redact import redact
 from routing import embedding as embedder
-from routing import providers
+from routing import openai_compatible, providers
 from routing.models import (
     EMBEDDING_DIMENSIONS,
     CacheEntry,
@@ -99,7 +99,7 @@ class Embedding:
 
 
 def request_embed(*, text: str, target: ModelTarget | None) -> Embedding:
-    """Embed the user's request with the target's model through litellm (projected to 256 wide), or
+    """Embed the user's request with the target's model (projected to 256 wide), or
     offline when there is no target or the provider fails (logged as `routing.embedding_fallback`)."""
     if target is None:
         return Embedding(vector=embedder.embed_offline(text), source="offline")
@@ -126,9 +126,13 @@ def _target_key(target: ModelTarget) -> str:
 
 
 def _provider_embed(*, text: str, target: ModelTarget) -> list[float]:
+    arguments = providers.call_arguments(target)
+    if openai_compatible.serves(target.model, target.api_base):
+        (vector,) = openai_compatible.embed(arguments, [text])
+        return embedder.project(vector, EMBEDDING_DIMENSIONS)
     import litellm  # takes seconds to import; only processes that embed through a provider pay for it
 
-    response = litellm.embedding(**providers.call_arguments(target), input=[text])
+    response = litellm.embedding(**arguments, input=[text])
     item = response.data[0]
     values = item["embedding"] if isinstance(item, Mapping) else item.embedding
     if not isinstance(values, Sequence) or isinstance(values, str) or not values:

@@ -1,4 +1,6 @@
-"""Calling model targets through litellm: retries, fallbacks and cooldowns, and one shape for what came back.
+"""Calling model targets: retries, fallbacks and cooldowns, and one shape for what came back. A target on an
+OpenAI-compatible server (`openai/<model>` with an `api_base`) is called directly (routing/openai_compatible.py),
+every other one, and every stream, through litellm.
 
 A call tries its target up to `1 + max_retries` times on errors that may pass (timeouts, rate limits,
 5xx, dropped connections), then each fallback alias in order with its own retries. A target that failed
@@ -31,7 +33,7 @@ from config import crypto, write_behind
 from config.errors import KeelError
 from config.process_cache import TtlCache
 from config.redact import redact
-from routing import demo_provider
+from routing import demo_provider, openai_compatible
 from routing.models import ModelTarget
 from tracing import outbound, pricing
 from tracing import selectors as tracing_selectors
@@ -79,10 +81,20 @@ class Attempt:
     retryable: bool
 
 
-class Answered(NamedTuple):
-    """litellm's response to one attempt, and when the attempt started and ended (ns)."""
+class Reply(NamedTuple):
+    """One attempt's answer: its first choice's message (OpenAI's assistant message) and what it used."""
 
-    response: Any
+    message: dict[str, Any]
+    finish_reason: str
+    model: str | None
+    input_tokens: int | None
+    output_tokens: int | None
+
+
+class Answered(NamedTuple):
+    """The answer to one attempt, and when the attempt started and ended (ns)."""
+
+    reply: Reply
     started_ns: int
     ended_ns: int
 
@@ -216,28 +228,54 @@ def _success_record(target: ModelTarget) -> None:
         target.cooldown_until = None
 
 
-def _message_dict(message: Any) -> dict[str, Any]:
-    tool_calls = []
-    for call in getattr(message, "tool_calls", None) or []:
-        function = call.function
-        tool_calls.append(
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": function.name, "arguments": function.arguments or "{}"},
-            }
-        )
-    result: dict[str, Any] = {"role": "assistant", "content": getattr(message, "content", None)}
-    if tool_calls:
-        result["tool_calls"] = tool_calls
+def _assistant_message(content: Any, calls: Sequence[tuple[str, str, str | None]]) -> dict[str, Any]:
+    """OpenAI's assistant message from its content and its tool calls as (id, name, arguments)."""
+    result: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        result["tool_calls"] = [
+            {"id": id_, "type": "function", "function": {"name": name, "arguments": arguments or "{}"}}
+            for id_, name, arguments in calls
+        ]
     return result
 
 
-def _usage(response: Any) -> tuple[int | None, int | None]:
+def _litellm_reply(response: Any) -> Reply:
+    """litellm's ModelResponse as a Reply. Raises ProviderAnswerEmpty."""
+    if not response.choices:
+        raise ProviderAnswerEmpty("the provider answered with no choices")
+    choice = response.choices[0]
+    message = choice.message
+    calls = [
+        (call.id, call.function.name, call.function.arguments) for call in getattr(message, "tool_calls", None) or ()
+    ]
     usage = getattr(response, "usage", None)
-    if usage is None:
-        return None, None
-    return getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
+    return Reply(
+        message=_assistant_message(getattr(message, "content", None), calls),
+        finish_reason=choice.finish_reason or "stop",
+        model=getattr(response, "model", None),
+        input_tokens=getattr(usage, "prompt_tokens", None) if usage is not None else None,
+        output_tokens=getattr(usage, "completion_tokens", None) if usage is not None else None,
+    )
+
+
+def _json_reply(answer: Mapping[str, Any]) -> Reply:
+    """An OpenAI-compatible server's chat completion JSON as a Reply. Raises ProviderAnswerEmpty."""
+    if not answer.get("choices"):
+        raise ProviderAnswerEmpty("the provider answered with no choices")
+    choice = answer["choices"][0]
+    message = choice["message"]
+    calls = []
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") or {}
+        calls.append((call.get("id") or "", function.get("name") or "", function.get("arguments")))
+    usage = answer.get("usage") or {}
+    return Reply(
+        message=_assistant_message(message.get("content"), calls),
+        finish_reason=choice.get("finish_reason") or "stop",
+        model=answer.get("model"),
+        input_tokens=usage.get("prompt_tokens"),
+        output_tokens=usage.get("completion_tokens"),
+    )
 
 
 def cost_of(
@@ -350,13 +388,19 @@ def _without_litellm_logging() -> Iterator[None]:
 
 def attempt(candidate: ModelTarget, messages: Sequence[Mapping[str, Any]], parameters: Mapping[str, Any]) -> Answered:
     """One call to one candidate: no retry, no fallback and no database (a speculative call makes it in a
-    thread of its own). Raises what litellm raises."""
+    thread of its own). Raises what litellm raises (or, for an OpenAI-compatible server called directly,
+    the same openai errors) and ProviderAnswerEmpty."""
+    started = time.time_ns()
+    if openai_compatible.serves(candidate.model, candidate.api_base):
+        arguments = call_arguments(candidate)
+        with write_behind.writer.waiting_on_io():
+            answer = openai_compatible.chat(arguments, messages, parameters)
+        return Answered(_json_reply(answer), started, time.time_ns())
     import litellm
 
-    started = time.time_ns()
     with write_behind.writer.waiting_on_io(), _without_litellm_logging():
         response = litellm.completion(**_request(candidate, messages, parameters))
-    return Answered(response, started, time.time_ns())
+    return Answered(_litellm_reply(response), started, time.time_ns())
 
 
 @dataclass(slots=True)
@@ -388,27 +432,21 @@ def completion(
         try:
             if index == 0 and started is not None:
                 started.taken = True
-                response, started_ns, ended_ns = started.outcome()
+                reply, started_ns, ended_ns = started.outcome()
             else:
-                response, started_ns, ended_ns = attempt(candidate, messages, parameters)
-        except _PROVIDER_ERRORS as error:
+                reply, started_ns, ended_ns = attempt(candidate, messages, parameters)
+        except (*_PROVIDER_ERRORS, ProviderAnswerEmpty) as error:
             _attempt_failed(candidate, error, attempts)
             continue
-        if not response.choices:
-            _attempt_failed(candidate, ProviderAnswerEmpty("the provider answered with no choices"), attempts)
-            continue
         _success_record(candidate)
-        choice = response.choices[0]
-        input_tokens, output_tokens = _usage(response)
-        model = getattr(response, "model", None) or candidate.model
         return Completion(
-            message=_message_dict(choice.message),
-            finish_reason=choice.finish_reason or "stop",
+            message=reply.message,
+            finish_reason=reply.finish_reason,
             model=candidate.model,
             alias=candidate.alias,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            cost_usd=cost_of(candidate, model, input_tokens, output_tokens),
+            input_tokens=reply.input_tokens,
+            output_tokens=reply.output_tokens,
+            cost_usd=cost_of(candidate, reply.model or candidate.model, reply.input_tokens, reply.output_tokens),
             started_ns=started_ns,
             ended_ns=ended_ns,
             attempts=attempts,

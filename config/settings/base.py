@@ -41,6 +41,9 @@ KEEL_MODEL_TARGETS = env_str("KEEL_MODEL_TARGETS")
 # The demo's fake model provider (routing/demo_provider.py) serves targets named `keel-demo/...`, so the
 # demo gateway answers with no model server; off in production.
 KEEL_DEMO_PROVIDER = env_bool("KEEL_DEMO_PROVIDER", True)
+# Targets on an OpenAI-compatible server (`openai/<model>` with an `api_base`) are called with Keel's own HTTP
+# client instead of litellm (routing/openai_compatible.py); off, litellm calls them like every other target.
+KEEL_OPENAI_COMPATIBLE_DIRECT = env_bool("KEEL_OPENAI_COMPATIBLE_DIRECT", True)
 # The gateway's record of each request (routing decision, spans, cache entry, shadow run) is written by a
 # thread after the answer has gone out (config/write_behind.py); off, the answer waits for it.
 KEEL_GATEWAY_RECORD_BEHIND = env_bool("KEEL_GATEWAY_RECORD_BEHIND", True)
