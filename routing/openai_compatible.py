@@ -168,6 +168,16 @@ def chat(
     for choice in answer.get("choices") or ():
         if not isinstance(choice, Mapping) or not isinstance(choice.get("message"), Mapping):
             raise APIError(f"Invalid response object: a choice without a message: {str(choice)[:ERROR_TEXT_LIMIT]}")
+        calls = choice["message"].get("tool_calls") or []
+        if not isinstance(calls, list) or not all(
+            isinstance(call, Mapping) and isinstance(call.get("function") or {}, Mapping) for call in calls
+        ):
+            raise APIError(f"Invalid response object: malformed tool calls: {str(calls)[:ERROR_TEXT_LIMIT]}")
+    usage = answer.get("usage") or {}
+    if not isinstance(usage, Mapping) or not all(
+        isinstance(usage.get(name), int | None) for name in ("prompt_tokens", "completion_tokens")
+    ):
+        raise APIError(f"Invalid response object: malformed usage: {str(usage)[:ERROR_TEXT_LIMIT]}")
     return dict(answer)
 
 

@@ -303,6 +303,30 @@ def test_an_answer_that_is_not_json_or_has_no_choices_fails_the_attempt_and_the_
     assert completion.attempts[0].error == "ProviderAnswerEmpty: the provider answered with no choices"
 
 
+@pytest.mark.parametrize(
+    "malformed",
+    [
+        pytest.param({"tool_calls": ["not a call"]}, id="tool-call-not-an-object"),
+        pytest.param({"tool_calls": [{"id": "c", "function": "trip_status"}]}, id="function-not-an-object"),
+        pytest.param({"usage": {"prompt_tokens": "many"}}, id="tokens-not-a-number"),
+        pytest.param({"usage": ["tokens"]}, id="usage-not-an-object"),
+    ],
+)
+def test_a_malformed_answer_is_a_failed_attempt_not_a_crash(target, server, malformed):
+    answer = completion_json("x")
+    if "tool_calls" in malformed:
+        answer["choices"][0]["message"]["tool_calls"] = malformed["tool_calls"]
+    else:
+        answer["usage"] = malformed["usage"]
+    server.script = [(200, answer)]
+
+    completion = providers.completion(target=target, messages=MESSAGES)
+
+    assert completion.text == "On its way."  # the retry's
+    (failed,) = completion.attempts
+    assert failed.error.startswith("APIError: Invalid response object: malformed ")
+
+
 def test_without_a_key_of_its_own_the_target_sends_none(workspace, server, monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     keyless = ModelTarget.objects.create(
@@ -343,3 +367,41 @@ def test_an_embedding_answer_without_vectors_falls_back_to_the_offline_embedder(
     embedding = cache.request_embed(text="where is my ride", target=target)
 
     assert embedding.source == "offline_fallback"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_openai_client_through_a_live_gateway_to_such_a_server_gets_its_tool_calls(
+    live_server, workspace, target, server, litellm_refused
+):
+    import openai
+
+    from agent_registry import services as registry_services
+    from tracing.models import Span
+
+    calls = [{"id": "call_3", "type": "function", "function": {"name": "trip_status", "arguments": '{"trip": "T3"}'}}]
+    server.script = [(200, completion_json(None, tool_calls=calls))]
+    _, raw = registry_services.apikey_create(workspace=workspace, name="openai", scopes=["gateway"])
+    client = openai.OpenAI(base_url=f"{live_server.url}/v1", api_key=raw, max_retries=0)
+
+    with client:
+        raw_response = client.chat.completions.with_raw_response.create(
+            model="local",
+            messages=[{"role": "user", "content": "Where is trip T3?"}],
+            tools=TOOLS,  # type: ignore[arg-type]  # the same JSON as the SDK's typed dicts
+            temperature=0,
+        )
+    completion = raw_response.parse()
+
+    (call,) = completion.choices[0].message.tool_calls or []
+    assert call.type == "function"
+    assert (call.id, call.function.name, call.function.arguments) == ("call_3", "trip_status", '{"trip": "T3"}')
+    assert completion.choices[0].finish_reason == "tool_calls"
+    assert completion.usage is not None
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (1000, 200)
+    (received,) = server.received
+    assert received.body["model"] == "qwen2.5-7b-instruct"
+    assert received.body["tools"] == TOOLS
+    assert received.authorization == f"Bearer {KEY}"
+    trace_id = raw_response.headers["X-Keel-Trace-Id"]
+    generation = Span.objects.get(workspace=workspace, trace_id=trace_id, span_type="generation")
+    assert (generation.input_tokens, generation.output_tokens) == (1000, 200)
