@@ -1,25 +1,28 @@
-"""OpenAI-compatible model servers, called without litellm: the chat completions and embeddings of a target
-named `openai/<model>` with an `api_base` (vLLM, llama.cpp's server, Ollama, LM Studio, a company's own
-proxy) go out through one pooled HTTP client per process.
+"""OpenAI-compatible model servers, called without litellm: the chat completions (streamed or not) and the
+embeddings of a target named `openai/<model>` with an `api_base` (vLLM, llama.cpp's server, Ollama, LM
+Studio, a company's own proxy) go out through one pooled HTTP client per process.
 
 Why: for such a target litellm adds nothing but the request's shape, and it costs about 3 ms of CPU per call
 (its argument handling, the openai SDK's models, its own response objects) where an HTTP client and a JSON
-parse cost about 0.5 ms; with 2 cores under load that is the gateway's largest share of its own time
-(bench/RESULTS.md, bench_gateway). An embedding through litellm also builds an object per float.
+parse cost about 0.5 ms; that was the largest part of what the gateway added to a model call
+(bench/RESULTS.md, bench_gateway). Its stream wrapper costs more per chunk, and an embedding through it
+builds an object per float.
 
 What stays with litellm: every other provider (Anthropic, Bedrock, OpenAI itself when no `api_base` is
-set, the demo's and the tests' fake providers), every stream, and everything when
-`KEEL_OPENAI_COMPATIBLE_DIRECT` is off. The request is the one litellm would send to such a server (the
-model without its `openai/` prefix, the messages and OpenAI's own parameters as given), and failures are
-raised as the openai exceptions litellm raises, under litellm's class names, so that retries, fallbacks,
-the target's health and the trajectory read the same whichever path a call took.
+set, the demo's and the tests' fake providers), and everything when `KEEL_OPENAI_COMPATIBLE_DIRECT` is off.
+The request is the one litellm sends to such a server: the model without its `openai/` prefix, the
+messages and OpenAI's own parameters as given, the target's key (else `OPENAI_API_KEY`; with neither, no
+Authorization header, where litellm refuses to call). Failures are OpenAIErrors named as litellm names
+its exceptions, with the HTTP status, so that retries, fallbacks, the target's health and the
+trajectory read the same whichever path a call took.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -117,28 +120,47 @@ def _http() -> httpx.Client:
         return _client[1]
 
 
-def _post(arguments: Mapping[str, Any], path: str, body: dict[str, Any]) -> Any:
-    """POST `body` to the server's `path`; the answer's JSON. Raises ProviderError."""
-    headers = {"Content-Type": "application/json"}
-    key = arguments.get("api_key") or os.environ.get("OPENAI_API_KEY")
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    url = str(arguments["api_base"]).rstrip("/") + path
+@contextlib.contextmanager
+def _transport_errors(arguments: Mapping[str, Any]) -> Iterator[None]:
+    """httpx's errors as ProviderErrors: a timeout, or a server that could not be reached or went away."""
     try:
-        response = _http().post(
-            url, content=orjson.dumps(body), headers=headers, timeout=float(arguments.get("timeout") or 600)
-        )
+        yield
     except httpx.TimeoutException as error:
         waited = arguments.get("timeout")
         raise Timeout(f"the model server did not answer in {waited} s ({type(error).__name__})") from None
     except httpx.HTTPError as error:
         raise APIConnectionError(f"the model server could not be reached: {type(error).__name__}: {error}") from None
-    if response.status_code >= 400:
-        raise _status_error(response)
+
+
+@contextlib.contextmanager
+def _opened(arguments: Mapping[str, Any], path: str, body: dict[str, Any]) -> Iterator[httpx.Response]:
+    """POST `body` to the server's `path`, the answer's body not read yet; closed on leaving. Raises
+    ProviderError, for an error status too."""
+    headers = {"Content-Type": "application/json"}
+    key = arguments.get("api_key") or os.environ.get("OPENAI_API_KEY")
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    url = str(arguments["api_base"]).rstrip("/") + path
+    timeout = float(arguments.get("timeout") or 600)
+    with (
+        _transport_errors(arguments),
+        _http().stream("POST", url, content=orjson.dumps(body), headers=headers, timeout=timeout) as response,
+    ):
+        if response.status_code >= 400:
+            response.read()
+            raise _status_error(response)
+        yield response
+
+
+def _post(arguments: Mapping[str, Any], path: str, body: dict[str, Any]) -> Any:
+    """POST `body` to the server's `path`; the answer's JSON. Raises ProviderError."""
+    with _opened(arguments, path, body) as response, _transport_errors(arguments):
+        content = response.read()
     try:
-        return orjson.loads(response.content)
+        return orjson.loads(content)
     except orjson.JSONDecodeError:
-        raise APIError(f"the model server's answer is not JSON: {response.text[:ERROR_TEXT_LIMIT]}") from None
+        text = content.decode(errors="replace")
+        raise APIError(f"the model server's answer is not JSON: {text[:ERROR_TEXT_LIMIT]}") from None
 
 
 def _status_error(response: httpx.Response) -> ProviderError:
@@ -173,12 +195,71 @@ def chat(
             isinstance(call, Mapping) and isinstance(call.get("function") or {}, Mapping) for call in calls
         ):
             raise APIError(f"Invalid response object: malformed tool calls: {str(calls)[:ERROR_TEXT_LIMIT]}")
-    usage = answer.get("usage") or {}
-    if not isinstance(usage, Mapping) or not all(
-        isinstance(usage.get(name), int | None) for name in ("prompt_tokens", "completion_tokens")
-    ):
+    usage = answer.get("usage")
+    if not _usage_valid(usage):
         raise APIError(f"Invalid response object: malformed usage: {str(usage)[:ERROR_TEXT_LIMIT]}")
     return dict(answer)
+
+
+def chat_stream(
+    arguments: Mapping[str, Any], messages: Sequence[Mapping[str, Any]], parameters: Mapping[str, Any]
+) -> Iterator[dict[str, Any]]:
+    """The chunks of a streamed chat completion (`chat.completion.chunk` JSON, as the server sends them) until
+    the server's `[DONE]`. Nothing is sent before the first chunk is asked for; then a failure to open the
+    stream raises ProviderError before any chunk, and a stream cut or garbled later raises it mid-way.
+    Closing the iterator closes the connection. `parameters` carry `stream` (and `stream_options`)."""
+    body = {**parameters, "model": str(arguments["model"]).removeprefix(PREFIX), "messages": list(messages)}
+    with _opened(arguments, "/chat/completions", body) as response, _transport_errors(arguments):
+        for line in response.iter_lines():
+            if not line.startswith("data:"):
+                continue  # blank separators, comments (": keep-alive") and event names
+            data = line[len("data:") :].strip()
+            if data == "[DONE]":
+                return
+            yield _stream_chunk(data)
+
+
+def _stream_chunk(data: str) -> dict[str, Any]:
+    try:
+        chunk = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise APIError(f"the model server's stream is not JSON: {data[:ERROR_TEXT_LIMIT]}") from None
+    if isinstance(chunk, dict) and chunk.get("error"):
+        error = chunk["error"]
+        said = error.get("message") if isinstance(error, Mapping) else error
+        raise APIError(f"the model server's stream ended with an error: {str(said)[:ERROR_TEXT_LIMIT]}")
+    choices = chunk.get("choices") if isinstance(chunk, dict) else None
+    if not isinstance(chunk, dict) or not isinstance(choices or [], list) or not _usage_valid(chunk.get("usage")):
+        raise APIError(f"Invalid response object: not a chat completion chunk: {data[:ERROR_TEXT_LIMIT]}")
+    if not all(_delta_valid(choice) for choice in choices or ()):
+        raise APIError(f"Invalid response object: a malformed chunk choice: {data[:ERROR_TEXT_LIMIT]}")
+    return chunk
+
+
+def _usage_valid(usage: Any) -> bool:
+    return isinstance(usage or {}, Mapping) and all(
+        isinstance((usage or {}).get(name), int | None) for name in ("prompt_tokens", "completion_tokens")
+    )
+
+
+def _delta_valid(choice: Any) -> bool:
+    """Whether a streamed choice has the shape the stream's reader takes apart: text pieces, tool call
+    pieces with text names and arguments."""
+    delta = choice.get("delta") if isinstance(choice, Mapping) else None
+    if not isinstance(choice, Mapping) or not isinstance(delta or {}, Mapping):
+        return False
+    if not isinstance((delta or {}).get("content"), str | None):
+        return False
+    calls = (delta or {}).get("tool_calls") or []
+    if not isinstance(calls, list):
+        return False
+    for call in calls:
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(call, Mapping) or not isinstance(function or {}, Mapping):
+            return False
+        if not all(isinstance((function or {}).get(name), str | None) for name in ("name", "arguments")):
+            return False
+    return True
 
 
 def embed(arguments: Mapping[str, Any], texts: Sequence[str]) -> list[list[float]]:

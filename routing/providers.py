@@ -1,6 +1,6 @@
 """Calling model targets: retries, fallbacks and cooldowns, and one shape for what came back. A target on an
 OpenAI-compatible server (`openai/<model>` with an `api_base`) is called directly (routing/openai_compatible.py),
-every other one, and every stream, through litellm.
+every other one through litellm.
 
 A call tries its target up to `1 + max_retries` times on errors that may pass (timeouts, rate limits,
 5xx, dropped connections), then each fallback alias in order with its own retries. A target that failed
@@ -533,14 +533,11 @@ def completion_stream(
     chunk); once chunks flow, a provider error ends the stream: `state.error` says why, and the caller
     closes the stream with an error event.
     """
-    import litellm
-
     request_parameters = {**(parameters or {}), "stream": True, "stream_options": {"include_usage": True}}
     for candidate in _tries(target):
         state.started_ns = time.time_ns()
         try:
-            stream = litellm.completion(**_request(candidate, messages, request_parameters))
-            iterator = iter(stream)
+            iterator = _stream_open(candidate, messages, request_parameters)
             first = next(iterator, None)
         except _PROVIDER_ERRORS as error:
             _attempt_failed(candidate, error, state.attempts)
@@ -550,6 +547,17 @@ def completion_stream(
         yield from _stream_chunks(state, first, iterator)
         return
     raise _all_failed(state.attempts)
+
+
+def _stream_open(
+    candidate: ModelTarget, messages: Sequence[Mapping[str, Any]], parameters: Mapping[str, Any]
+) -> Iterator[Any]:
+    """The candidate's stream of chunks, nothing read yet (litellm's may have sent the request already)."""
+    if openai_compatible.serves(candidate.model, candidate.api_base):
+        return openai_compatible.chat_stream(call_arguments(candidate), messages, parameters)
+    import litellm
+
+    return iter(litellm.completion(**_request(candidate, messages, parameters)))
 
 
 def _chunk_dict(chunk: Any) -> dict[str, Any]:
@@ -572,8 +580,9 @@ def _stream_chunks(state: StreamState, first: Any, iterator: Iterator[Any]) -> I
         logger.warning("routing.stream_cut", extra={"alias": state.alias, "error": state.error})
     except GeneratorExit:
         # Closed before the end (the client left): close the provider's response, so its connection stops
-        # the answer now rather than when it is collected. litellm's synchronous wrapper has no close().
-        close = getattr(getattr(iterator, "completion_stream", None), "close", None)
+        # the answer now rather than when it is collected. litellm's synchronous wrapper has no close() of
+        # its own but its `completion_stream` has; the direct stream is a generator.
+        close = getattr(iterator, "close", None) or getattr(getattr(iterator, "completion_stream", None), "close", None)
         if callable(close):
             with contextlib.suppress(*_PROVIDER_ERRORS, OSError):
                 close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -86,6 +87,48 @@ def completion_json(content: str | None, *, tool_calls: list[dict[str, Any]] | N
     }
 
 
+@dataclass
+class Events:
+    """A streamed answer: each event's data (a chunk as JSON, or raw text), `[DONE]` after them unless
+    `done` is off, `pause` seconds before each event after the first; `broken` is set once a write fails
+    (the client closed the connection)."""
+
+    data: list[Any]
+    done: bool = True
+    pause: float = 0.0
+    broken: threading.Event = field(default_factory=threading.Event)
+
+
+def chunk_json(
+    delta: dict[str, Any], finish_reason: str | None = None, usage: dict[str, int] | None = None
+) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "qwen2.5-7b-instruct",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}] if usage is None else [],
+        **({"usage": usage} if usage else {}),
+    }
+
+
+TOOL_CALL_STREAM = [
+    chunk_json({"role": "assistant", "content": "Let me "}),
+    chunk_json({"content": "check."}),
+    chunk_json(
+        {
+            "tool_calls": [
+                {"index": 0, "id": "call_5", "type": "function", "function": {"name": "trip_status", "arguments": ""}}
+            ]
+        }
+    ),
+    chunk_json({"tool_calls": [{"index": 0, "function": {"arguments": '{"trip": '}}]}),
+    chunk_json({"tool_calls": [{"index": 0, "function": {"arguments": '"T5"}'}}]}),
+    chunk_json({}, finish_reason="tool_calls"),
+    chunk_json({}, usage={"prompt_tokens": 30, "completion_tokens": 9, "total_tokens": 39}),
+]
+
+
 @pytest.fixture
 def server() -> Iterator[Server]:
     state = Server()
@@ -96,12 +139,32 @@ def server() -> Iterator[Server]:
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             status, answer = state.next(Received(self.path, self.headers.get("Authorization"), body))
+            if isinstance(answer, Events):
+                self._stream(answer)
+                return
             data = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def _stream(self, events: Events) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            lines = [event if isinstance(event, str) else json.dumps(event) for event in events.data]
+            for number, line in enumerate([*lines, "[DONE]"] if events.done else lines):
+                if number and events.pause:
+                    time.sleep(events.pause)
+                try:
+                    self.wfile.write(f"data: {line}\n\n".encode())
+                    self.wfile.flush()
+                except OSError:
+                    events.broken.set()
+                    return
 
         def log_message(self, *args: Any) -> None:
             pass
@@ -405,3 +468,104 @@ def test_the_openai_client_through_a_live_gateway_to_such_a_server_gets_its_tool
     trace_id = raw_response.headers["X-Keel-Trace-Id"]
     generation = Span.objects.get(workspace=workspace, trace_id=trace_id, span_type="generation")
     assert (generation.input_tokens, generation.output_tokens) == (1000, 200)
+
+
+def _streamed(target: ModelTarget, **parameters: Any) -> tuple[list[dict[str, Any]], providers.StreamState]:
+    state = providers.StreamState()
+    chunks = list(providers.completion_stream(target=target, messages=MESSAGES, parameters=parameters, state=state))
+    return chunks, state
+
+
+def test_a_stream_reads_the_same_either_way(target, server, settings):
+    server.script = [(200, Events(TOOL_CALL_STREAM)), (200, Events(TOOL_CALL_STREAM))]
+
+    (litellm_chunks, through_litellm), (chunks, direct) = _both_ways(settings, lambda: _streamed(target, temperature=0))
+
+    assert _completion_fields(direct.completion()) == _completion_fields(through_litellm.completion())
+    assert direct.message() == {
+        "role": "assistant",
+        "content": "Let me check.",
+        "tool_calls": [
+            {"id": "call_5", "type": "function", "function": {"name": "trip_status", "arguments": '{"trip": "T5"}'}}
+        ],
+    }
+    assert (direct.finish_reason, direct.input_tokens, direct.output_tokens) == ("tool_calls", 30, 9)
+    assert chunks == TOOL_CALL_STREAM  # as the server sent them; the gateway takes its fields from there
+
+    def text(streamed: list[dict[str, Any]]) -> str:
+        return "".join(choice["delta"].get("content") or "" for chunk in streamed for choice in chunk["choices"])
+
+    assert text(chunks) == text(litellm_chunks) == "Let me check."
+    sent_by_litellm, sent_directly = server.received
+    assert sent_directly.body == {
+        "model": "qwen2.5-7b-instruct",
+        "messages": MESSAGES,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    assert {key: sent_by_litellm.body[key] for key in sent_directly.body} == sent_directly.body
+
+
+def test_a_stream_does_not_go_through_litellm(target, server, litellm_refused):
+    server.script = [(200, Events(TOOL_CALL_STREAM))]
+
+    chunks, state = _streamed(target)
+
+    assert len(chunks) == len(TOOL_CALL_STREAM)
+    assert state.error == ""
+
+
+def test_a_stream_that_fails_to_open_is_retried_before_any_chunk(target, server):
+    server.script = [(503, {"error": {"message": "overloaded"}}), (200, Events(TOOL_CALL_STREAM))]
+
+    chunks, state = _streamed(target)
+
+    assert len(chunks) == len(TOOL_CALL_STREAM)
+    (failed,) = state.attempts
+    assert (failed.status_code, failed.retryable) == (503, True)
+    assert failed.error == "ServiceUnavailableError: 503: overloaded"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param("{not json", id="not-json"),
+        pytest.param(json.dumps({"error": {"message": "the engine died"}}), id="error-event"),
+        pytest.param(json.dumps({"choices": [{"delta": {"tool_calls": "call"}}]}), id="malformed-tool-calls"),
+        pytest.param(json.dumps({"choices": [{"delta": {"content": ["a", "b"]}}]}), id="content-not-text"),
+        pytest.param(json.dumps({"choices": [], "usage": {"prompt_tokens": "30"}}), id="usage-not-counts"),
+    ],
+)
+def test_a_stream_garbled_mid_way_ends_with_what_came_and_says_why(target, server, bad):
+    server.script = [(200, Events([*TOOL_CALL_STREAM[:2], bad]))]
+
+    chunks, state = _streamed(target)
+
+    assert chunks == TOOL_CALL_STREAM[:2]
+    assert state.content == ["Let me ", "check."]
+    assert state.error.startswith("APIError: ")
+    assert "Traceback" not in state.error
+
+
+def test_a_stream_cut_without_done_ends_without_an_error_as_through_litellm(target, server, settings):
+    events = TOOL_CALL_STREAM[:2]
+    server.script = [(200, Events(events, done=False)), (200, Events(events, done=False))]
+
+    (_, through_litellm), (chunks, direct) = _both_ways(settings, lambda: _streamed(target))
+
+    assert chunks == events
+    assert (direct.error, through_litellm.error) == ("", "")
+    assert direct.message() == through_litellm.message()
+
+
+def test_closing_a_stream_early_closes_the_connection_to_the_server(target, server):
+    events = Events([chunk_json({"content": f"part {number} "}) for number in range(50)], pause=0.05)
+    server.script = [(200, events)]
+    state = providers.StreamState()
+    chunks = providers.completion_stream(target=target, messages=MESSAGES, parameters={}, state=state)
+
+    assert next(chunks)["choices"][0]["delta"]["content"] == "part 0 "
+    chunks.close()
+
+    assert events.broken.wait(5)  # the server's next writes fail: nobody reads the answer any more

@@ -351,6 +351,9 @@ def test_a_postgres_restart_under_load_is_503_with_retry_after_and_keel_recovers
                         return False
 
                 wait_for(web_answers, 90, "the web app did not start", web_log)
+                # The worker's pool (-c 2) is forked once it is up: the set of its processes is compared
+                # after the outage, so it is taken only when complete.
+                wait_for(lambda: len(_children(worker)) == 2, 90, "the worker's pool did not start", worker_log)
                 load = Load(base_url, key)
                 threads = [threading.Thread(target=load.ingest) for _ in range(INGEST_THREADS)]
                 threads += [threading.Thread(target=load.gateway) for _ in range(GATEWAY_THREADS)]
