@@ -19,11 +19,12 @@ the sample, so that work is part of the run's figures).
 2. **Runs**: one run per concurrency (4, the default; then 8 and 16), each made with `run_create` and
    executed with `run_execute`; wall time -> items/s and samples/s, this process's CPU and PostgreSQL's
    (all its processes, from /proc) per sample. The run's stages are timed by wrapping module functions
-   of `evals.runs` (and `litellm.completion`, `tracing.services.ingest_spans_accept`): the time worker
+   of `evals.runs` (and `routing.providers.attempt`, `tracing.services.ingest_spans_accept`): the time worker
    threads spent in each, as a share of all worker-thread time. Nothing in evals/ or routing/ changes.
 3. **Raw model calls**: the same number of calls straight to the stub from a thread pool of the same
    size, (a) by `litellm.completion` with the arguments the gateway passes, (b) by httpx (one keep-alive
-   client per thread: the floor). Overhead = run wall − raw wall, per sample and as a share of the run.
+   client per thread: the floor; the gateway calls an OpenAI-compatible server such as the stub this way
+   too, routing/openai_compatible.py). Overhead = run wall − raw wall, per sample and as a share of the run.
 4. **Per-sample latency**: p50/p99 of `RunSample.latency_ms` (the gateway's own time for the sample)
    against the stub's fixed latency and the raw calls' latency at the same concurrency.
 5. **Where one sample's CPU goes**: a cProfile of a small run at concurrency 1 (the run's items in the
@@ -251,9 +252,8 @@ class Stages:
 
 def _stages_install(stages: Stages) -> Callable[[], None]:
     """Wrap the run's stage functions; returns the function that puts the originals back."""
-    import litellm
-
     from evals import runs
+    from routing import providers
     from tracing import services as tracing_services
 
     targets: list[tuple[Any, str, str]] = [
@@ -265,7 +265,7 @@ def _stages_install(stages: Stages) -> Callable[[], None]:
         (runs, "_item_finish", "finish"),
         (runs, "_still_running", "still_running"),
         (runs, "run_report", "report"),
-        (litellm, "completion", "litellm"),
+        (providers, "attempt", "model_call"),
         (tracing_services, "ingest_spans_accept", "ingest_accept"),
     ]
     originals = [(module, attribute, getattr(module, attribute)) for module, attribute, _ in targets]
@@ -478,7 +478,7 @@ def _profile(fixtures: Fixtures, items: int) -> tuple[int, int, str, str]:
 # --- Report ----------------------------------------------------------------------------------------------------
 
 STAGE_ROWS: tuple[tuple[str, Callable[[dict[str, float]], float] | None], ...] = (
-    ("model call (`litellm.completion`, incl. the stub's latency)", lambda s: s.get("litellm", 0.0)),
+    ("model call (`providers.attempt`, incl. the stub's latency)", lambda s: s.get("model_call", 0.0)),
     ("gateway, outside the model call (plan, prompt, guardrails, record)", None),
     ("… of which the span batch stored (`ingest_spans_accept`)", lambda s: s.get("ingest_accept", 0.0)),
     ("storing the sample (+ reading stored ones, heartbeat)", None),
@@ -491,7 +491,7 @@ STAGE_ROWS: tuple[tuple[str, Callable[[dict[str, float]], float] | None], ...] =
 def _stage_rows(figures: RunFigures) -> list[list[str]]:
     stages = figures.stages
     thread_seconds = figures.wall_seconds * min(figures.concurrency, figures.items or 1)
-    gateway_rest = stages.get("gateway", 0.0) - stages.get("litellm", 0.0)
+    gateway_rest = stages.get("gateway", 0.0) - stages.get("model_call", 0.0)
     storing = stages.get("samples", 0.0) - stages.get("gateway", 0.0)
     items = stages.get("claim", 0.0) + stages.get("finish", 0.0) + stages.get("still_running", 0.0)
     accounted = stages.get("samples", 0.0) + stages.get("scores", 0.0) + items + stages.get("report", 0.0)
@@ -562,8 +562,9 @@ def _report_runs(
 
     report.line(
         "**Overhead over the raw model calls**: the same number of calls straight to the stub from a thread pool "
-        "of the run's concurrency, by `litellm.completion` (the client the gateway calls, same arguments) and by "
-        "httpx (one keep-alive client per thread). Overhead = run wall − raw wall; per sample = that ÷ samples "
+        "of the run's concurrency, by `litellm.completion` (same arguments as the gateway's call) and by "
+        "httpx (one keep-alive client per thread; the gateway calls the stub this way, without litellm). "
+        "Overhead = run wall − raw wall; per sample = that ÷ samples "
         "(amortised wall time) and × concurrency (what each sample's thread spent beyond the raw call)."
     )
     report.line()
@@ -656,7 +657,7 @@ def _report_runs(
         thread_seconds = figures.wall_seconds * figures.concurrency
         report.line(
             f"Concurrency {figures.concurrency}: scoring + storing {100 * storing / thread_seconds:.1f} % of "
-            f"worker-thread time; the model call {100 * stages.get('litellm', 0.0) / thread_seconds:.1f} %, of "
+            f"worker-thread time; the model call {100 * stages.get('model_call', 0.0) / thread_seconds:.1f} %, of "
             "which the stub's fixed latency is "
             f"{100 * figures.samples * STUB_LATENCY_MS / 1000 / thread_seconds:.1f} %."
         )
