@@ -846,8 +846,9 @@ STUB_ERROR_STATUSES = (400, 404, 405, 413)
 def _error_origin(status: int, body: Any) -> tuple[str, str]:
     """(code, origin) of a failed gateway answer. The stub is the origin only when Keel says the provider
     failed and an attempt carries a status the stub itself can send; everything else is Keel's, a failed
-    connection to the stub or a timeout waiting for it included (litellm gives those a status code of its
-    own, and the stub, one asyncio loop with a listen backlog of 1,024, refuses nothing)."""
+    connection to the stub or a timeout waiting for it included (neither carries a status the stub sends:
+    litellm gives them one of its own, Keel's own client for OpenAI-compatible servers none; and the stub,
+    one asyncio loop with a listen backlog of 1,024, refuses nothing)."""
     error = body.get("error") if isinstance(body, dict) else None
     code = str(error.get("code") or "") if isinstance(error, dict) else ""
     attempts = body.get("attempts") if isinstance(body, dict) else None
@@ -948,7 +949,8 @@ def gateway_load(keel: Keel, world: GatewayWorld, stub_port: int, options: Gatew
     from tracing.models import Trajectory
 
     if options.warmup_seconds:
-        # Each gunicorn worker imports litellm on its first gateway request: a few clients first, not counted.
+        # Each gunicorn worker's first gateway request pays for first reads (litellm's price file, the config
+        # caches) and connection pools: a few clients first, not counted.
         _gateway_clients(keel.port, world, options.warmup_clients, options.warmup_seconds, "w")
         _stub_timings(stub_port)
         _progress("gateway: warmed up")
@@ -1144,7 +1146,8 @@ def gateway_report(report: Report, result: GatewayResult) -> None:
         f"`POST /v1/chat/completions` back to back for {result.seconds:.0f} s, a single-level agent whose single "
         f"call goes to the stub model server ({result.stub_latency_ms:g} ms fixed latency, no errors). Overhead = "
         "each request's time at the client less the stub's receive-to-answer time for it: Keel's work, "
-        "waiting for one of gunicorn's 8 threads (2 workers × 4), litellm, both loopback hops and the client's "
+        "waiting for one of gunicorn's 8 threads (2 workers × 4), the model call's HTTP client (Keel's own for "
+        "an OpenAI-compatible server such as the stub), both loopback hops and the client's "
         "own share of the 2 cores."
     )
     report.line()
