@@ -178,22 +178,29 @@ def _status_error(response: httpx.Response) -> ProviderError:
     return kind(f"{status}: {text[:ERROR_TEXT_LIMIT]}", status_code=status)
 
 
+def _chat_body(
+    arguments: Mapping[str, Any], messages: Sequence[Mapping[str, Any]], parameters: Mapping[str, Any]
+) -> dict[str, Any]:
+    return {**parameters, "model": _model(arguments), "messages": list(messages)}
+
+
+def _model(arguments: Mapping[str, Any]) -> str:
+    return str(arguments["model"]).removeprefix(PREFIX)
+
+
 def chat(
     arguments: Mapping[str, Any], messages: Sequence[Mapping[str, Any]], parameters: Mapping[str, Any]
 ) -> dict[str, Any]:
     """One chat completion: the server's answer as JSON, each of its choices with a message (there may be
     none). `arguments` are `providers.call_arguments` of the target. Raises ProviderError."""
-    body = {**parameters, "model": str(arguments["model"]).removeprefix(PREFIX), "messages": list(messages)}
-    answer = _post(arguments, "/chat/completions", body)
+    answer = _post(arguments, "/chat/completions", _chat_body(arguments, messages, parameters))
     if not isinstance(answer, Mapping) or not isinstance(answer.get("choices", []), list):
         raise APIError(f"Invalid response object: not a chat completion: {str(answer)[:ERROR_TEXT_LIMIT]}")
     for choice in answer.get("choices") or ():
         if not isinstance(choice, Mapping) or not isinstance(choice.get("message"), Mapping):
             raise APIError(f"Invalid response object: a choice without a message: {str(choice)[:ERROR_TEXT_LIMIT]}")
-        calls = choice["message"].get("tool_calls") or []
-        if not isinstance(calls, list) or not all(
-            isinstance(call, Mapping) and isinstance(call.get("function") or {}, Mapping) for call in calls
-        ):
+        calls = choice["message"].get("tool_calls")
+        if not _tool_calls_valid(calls):
             raise APIError(f"Invalid response object: malformed tool calls: {str(calls)[:ERROR_TEXT_LIMIT]}")
     usage = answer.get("usage")
     if not _usage_valid(usage):
@@ -208,7 +215,7 @@ def chat_stream(
     the server's `[DONE]`. Nothing is sent before the first chunk is asked for; then a failure to open the
     stream raises ProviderError before any chunk, and a stream cut or garbled later raises it mid-way.
     Closing the iterator closes the connection. `parameters` carry `stream` (and `stream_options`)."""
-    body = {**parameters, "model": str(arguments["model"]).removeprefix(PREFIX), "messages": list(messages)}
+    body = _chat_body(arguments, messages, parameters)
     with _opened(arguments, "/chat/completions", body) as response, _transport_errors(arguments):
         for line in response.iter_lines():
             if not line.startswith("data:"):
@@ -237,20 +244,19 @@ def _stream_chunk(data: str) -> dict[str, Any]:
 
 
 def _usage_valid(usage: Any) -> bool:
-    return isinstance(usage or {}, Mapping) and all(
-        isinstance((usage or {}).get(name), int | None) for name in ("prompt_tokens", "completion_tokens")
+    """No usage, or token counts that are whole numbers where given."""
+    if usage is None:
+        return True
+    return isinstance(usage, Mapping) and all(
+        isinstance(usage.get(name), int | None) for name in ("prompt_tokens", "completion_tokens")
     )
 
 
-def _delta_valid(choice: Any) -> bool:
-    """Whether a streamed choice has the shape the stream's reader takes apart: text pieces, tool call
-    pieces with text names and arguments."""
-    delta = choice.get("delta") if isinstance(choice, Mapping) else None
-    if not isinstance(choice, Mapping) or not isinstance(delta or {}, Mapping):
-        return False
-    if not isinstance((delta or {}).get("content"), str | None):
-        return False
-    calls = (delta or {}).get("tool_calls") or []
+def _tool_calls_valid(calls: Any) -> bool:
+    """No tool calls, or a list of them (or of their streamed pieces) whose function's name and arguments
+    are text where given."""
+    if calls is None:
+        return True
     if not isinstance(calls, list):
         return False
     for call in calls:
@@ -262,9 +268,22 @@ def _delta_valid(choice: Any) -> bool:
     return True
 
 
+def _delta_valid(choice: Any) -> bool:
+    """Whether a streamed choice has the shape the stream's reader takes apart: text pieces and tool call
+    pieces."""
+    delta = choice.get("delta") if isinstance(choice, Mapping) else None
+    if delta is None:
+        return isinstance(choice, Mapping)
+    return (
+        isinstance(delta, Mapping)
+        and isinstance(delta.get("content"), str | None)
+        and _tool_calls_valid(delta.get("tool_calls"))
+    )
+
+
 def embed(arguments: Mapping[str, Any], texts: Sequence[str]) -> list[list[float]]:
     """One vector per text. Raises ProviderError, also for an answer without them."""
-    body = {"model": str(arguments["model"]).removeprefix(PREFIX), "input": list(texts)}
+    body = {"model": _model(arguments), "input": list(texts)}
     answer = _post(arguments, "/embeddings", body)
     data = answer.get("data") if isinstance(answer, Mapping) else None
     if not isinstance(data, list) or len(data) != len(texts):

@@ -106,7 +106,7 @@ def speculation_start(
         return None
     sent = [dict(message) for message in messages]
     offered = [dict(tool) for tool in tools]
-    parameters = tiers.single_call_parameters(request_parameters, offered)
+    parameters = tiers.parameters_with_tools(request_parameters, offered)
     try:
         hold = tiers.spend_reserve(recorder, target, sent, parameters)
     except KeelError:

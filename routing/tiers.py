@@ -142,8 +142,8 @@ def model_parameters(request_parameters: Mapping[str, Any], *, with_tools: bool)
     return parameters
 
 
-def single_call_parameters(request_parameters: Mapping[str, Any], tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """What the single-call tier passes to its model call with the messages."""
+def parameters_with_tools(request_parameters: Mapping[str, Any], tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What a model call offering `tools` passes with the messages (the single call's, each agentic step's)."""
     parameters = model_parameters(request_parameters, with_tools=bool(tools))
     if tools:
         parameters["tools"] = list(tools)
@@ -209,7 +209,7 @@ def single_result(completion: providers.Completion) -> TierResult:
 
 def single_call(context: TierContext, messages: Sequence[Mapping[str, Any]]) -> TierResult:
     target = target_for_tier(agent=context.agent, config=context.config, tier=TierChoice.SINGLE_CALL)
-    parameters = single_call_parameters(context.parameters, context.tools)
+    parameters = parameters_with_tools(context.parameters, context.tools)
     completion = model_call(
         context.recorder,
         target,
@@ -416,9 +416,7 @@ def agentic(context: TierContext, messages: Sequence[Mapping[str, Any]]) -> Tier
     deadline = None if context.time_budget_ms is None else time.monotonic() + context.time_budget_ms / 1000
     conversation = [dict(message) for message in messages]
     result = TierResult(message={"role": "assistant", "content": ""}, finish_reason="stop")
-    parameters = model_parameters(context.parameters, with_tools=bool(definitions))
-    if definitions:
-        parameters["tools"] = definitions
+    parameters = parameters_with_tools(context.parameters, definitions)
     while True:
         if result.steps >= max_steps:
             return _budget_stop(context, result, "max_steps", f"max steps reached ({max_steps} model calls)")

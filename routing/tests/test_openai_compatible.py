@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -437,6 +437,7 @@ def test_the_openai_client_through_a_live_gateway_to_such_a_server_gets_its_tool
     live_server, workspace, target, server, litellm_refused
 ):
     import openai
+    from openai.types.chat import ChatCompletionToolParam
 
     from agent_registry import services as registry_services
     from tracing.models import Span
@@ -450,7 +451,7 @@ def test_the_openai_client_through_a_live_gateway_to_such_a_server_gets_its_tool
         raw_response = client.chat.completions.with_raw_response.create(
             model="local",
             messages=[{"role": "user", "content": "Where is trip T3?"}],
-            tools=TOOLS,  # type: ignore[arg-type]  # the same JSON as the SDK's typed dicts
+            tools=cast("list[ChatCompletionToolParam]", TOOLS),
             temperature=0,
         )
     completion = raw_response.parse()
