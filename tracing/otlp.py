@@ -36,9 +36,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import importlib
 import json
 import math
+import operator
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -846,7 +848,7 @@ EMPTY_USAGE: Final = Usage()
 
 
 # Not frozen, as RawSpan is not: a frozen dataclass sets each of its 41 fields through object.__setattr__,
-# a fifth of the mapping's time. Treat a span as read-only all the same (dataclasses.replace copies one).
+# a fifth of the mapping's time. Treat a span as read-only all the same (`with_cost` copies one).
 @dataclass(slots=True)
 class Span:
     """A span in Keel's normalized form.
@@ -901,6 +903,13 @@ class Span:
     # "max_tokens"...), as the provider words it. Last, with a default: spans are built by name elsewhere.
     finish_reasons: tuple[str, ...] = ()
 
+    def with_cost(self, cost_usd: float | None) -> Span:
+        """A copy with another cost: the constructor given every field in order, a fifth of the time of
+        `dataclasses.replace`, which looks each field up by name (ingest prices every generation span)."""
+        copy = Span(*_span_values(self))
+        copy.cost_usd = cost_usd
+        return copy
+
     @property
     def model(self) -> str | None:
         return self.response_model or self.request_model
@@ -908,6 +917,9 @@ class Span:
     @property
     def duration_ns(self) -> int:
         return self.end_time_ns - self.start_time_ns
+
+
+_span_values: Final = operator.attrgetter(*(field.name for field in dataclasses.fields(Span)))
 
 
 # Priority lists: Keel, then Langfuse, then OpenInference, then the GenAI conventions (current, older).

@@ -8,6 +8,7 @@ to write than a dozen JSON columns. `span_from_record(span_record(span))` gives 
 from __future__ import annotations
 
 import base64
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -44,6 +45,7 @@ _DATA_FIELDS: Final = (
     "truncated_attributes",
     "finish_reasons",
 )
+_data_values: Final = operator.attrgetter(*_DATA_FIELDS)
 
 
 # The columns of a stored span that `span_from_record` reads (with `data`), in SpanRecord's order.
@@ -112,7 +114,7 @@ def _int_column(value: int | None) -> int | None:
 
 
 def span_record(span: Span, cost_usd: Decimal | None = None) -> SpanRecord:
-    data: dict[str, Any] = {name: getattr(span, name) for name in _DATA_FIELDS}
+    data: dict[str, Any] = dict(zip(_DATA_FIELDS, _data_values(span), strict=True))
     # A tool span's arguments and result are, as mapped, the very objects of its input and output: kept
     # once, under `input` and `output`. A row without the key reads them back from there.
     if span.input is not None and span.tool_arguments is span.input:

@@ -536,29 +536,34 @@ def ingest_batch_sweep() -> list[int]:
 
 # --- Writing spans and assembling trajectories --------------------------------------------------------
 
+# The span table's columns as spans_write copies them, with their types: COPY in binary format sends each
+# value with its length, so PostgreSQL does not scan every character of `data` for escapes as it does with
+# text COPY (a fifth of its time per span was that scan).
 _SPAN_COLUMNS = (
-    "workspace_id",
-    "trajectory_id",
-    "trace_id",
-    "span_id",
-    "parent_span_id",
-    "name",
-    "kind",
-    "span_type",
-    "status",
-    "status_message",
-    "start_time_ns",
-    "end_time_ns",
-    "model",
-    "tool_name",
-    "input_tokens",
-    "output_tokens",
-    "total_tokens",
-    "cost_usd",
-    "prompt_version_id",
-    "data",
-    "received_at",
+    ("workspace_id", "int8"),
+    ("trajectory_id", "int8"),
+    ("trace_id", "varchar"),
+    ("span_id", "varchar"),
+    ("parent_span_id", "varchar"),
+    ("name", "varchar"),
+    ("kind", "varchar"),
+    ("span_type", "varchar"),
+    ("status", "varchar"),
+    ("status_message", "text"),
+    ("start_time_ns", "int8"),
+    ("end_time_ns", "int8"),
+    ("model", "varchar"),
+    ("tool_name", "varchar"),
+    ("input_tokens", "int4"),
+    ("output_tokens", "int4"),
+    ("total_tokens", "int4"),
+    ("cost_usd", "numeric"),
+    ("prompt_version_id", "int8"),
+    ("data", "text"),
+    ("received_at", "timestamptz"),
 )
+_SPAN_COPY = f"COPY tracing_span ({', '.join(name for name, _ in _SPAN_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
+_SPAN_TYPES = [kind for _, kind in _SPAN_COLUMNS]
 
 
 def _priced(span: otlp.Span, overrides: Mapping[str, pricing.ModelPrice]) -> otlp.Span:
@@ -575,7 +580,7 @@ def _priced(span: otlp.Span, overrides: Mapping[str, pricing.ModelPrice]) -> otl
         if span.cost_usd != 0 or not span.model or not (span.usage.input_tokens or span.usage.output_tokens):
             return span
         if pricing.override_find(span.model, overrides) is None:
-            return span if pricing.price_find(span.model) is not None else dataclasses.replace(span, cost_usd=None)
+            return span if pricing.price_find(span.model) is not None else span.with_cost(None)
     usage = span.usage
     cost = pricing.generation_cost(
         span.model,
@@ -585,7 +590,7 @@ def _priced(span: otlp.Span, overrides: Mapping[str, pricing.ModelPrice]) -> otl
         overrides,
         cache_write_tokens=usage.cache_write_tokens,
     )
-    return span if cost is None else dataclasses.replace(span, cost_usd=float(cost))
+    return span if cost is None else span.with_cost(float(cost))
 
 
 def _agents_by_name_read(workspace: Workspace) -> dict[str, int]:
@@ -1033,7 +1038,8 @@ def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence
         if batch.sessions:
             _left_after_error_withdraw(cursor, workspace.pk, batch)
         if batch.span_rows:
-            with cursor.copy(f"COPY tracing_span ({', '.join(_SPAN_COLUMNS)}) FROM STDIN") as copy:
+            with cursor.copy(_SPAN_COPY) as copy:
+                copy.set_types(_SPAN_TYPES)
                 for row in batch.span_rows:
                     copy.write_row(row)
         if batch.trajectory_prompts:

@@ -279,10 +279,15 @@ def _message_key(message: dict[str, Any]) -> tuple[Any, ...]:
     # Ids of tool calls are left out: some conventions drop them on the way back into the history.
     calls = message.get("tool_calls")
     call_key = tuple(_call_parts(call)[1:] for call in calls) if isinstance(calls, list) else ()
+    role = message.get("role")
+    content = message.get("content")
+    tool_call_id = message.get("tool_call_id")
+    # Text, as nearly every role and content is, is its own key: spared the call (a history is keyed
+    # message by message for every model call of a trajectory).
     return (
-        _key_text(message.get("role")),
-        _key_text(message.get("content")),
-        _key_text(message.get("tool_call_id")),
+        role if type(role) is str else _key_text(role),
+        content if type(content) is str else _key_text(content),
+        tool_call_id if type(tool_call_id) is str else _key_text(tool_call_id),
         call_key,
     )
 
