@@ -41,10 +41,10 @@ def data_dir_default(base_dir: Path) -> Path:
 
 # Checkpoints further apart than PostgreSQL's defaults (1GB, 5min). The first change to a page after a
 # checkpoint writes the whole page to the WAL, and span ingest inserts at random places of the span
-# index (trace ids are random): with 1GB the server checkpointed every ~530 MB of WAL under sustained
-# ingest, and the page images after each checkpoint took the WAL from 2.8 to 5.4-7.4 KB per span and
-# PostgreSQL's CPU per span from 42-45 to 60 us (150,000 spans in process per setting). The WAL may
-# now grow to about 4GB on disk before a checkpoint recycles it. Both take effect on reload.
+# index (trace ids are random). In process, 150,000 spans per run: right after a checkpoint on an index
+# of 150,000 spans, or with one inside the run (1GB), 5.4-7.4 KB of WAL per span and 60 us of PostgreSQL's
+# CPU per span, against 2.8 KB and 42-45 us without. The WAL may now grow to about 4GB on disk before a
+# checkpoint recycles it. Both take effect on reload.
 CHECKPOINT_SETTINGS: Final = {"max_wal_size": "4GB", "checkpoint_timeout": "15min"}
 
 
