@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import warnings
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from typing import Final
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
 
 SUPERUSER = "postgres"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -61,19 +64,24 @@ def server_start(data_dir: Path) -> EmbeddedServer:
 
 
 def _checkpoint_settings_apply(server: EmbeddedServer) -> None:
-    """Set CHECKPOINT_SETTINGS (in the data directory's postgresql.auto.conf) where they differ."""
+    """Set CHECKPOINT_SETTINGS (in the data directory's postgresql.auto.conf) where they differ. A server
+    that refuses is logged and used as it is: the settings are not worth a start-up failure."""
     import psycopg
     from psycopg import sql
 
-    with psycopg.connect(**server.connection_kwargs("postgres"), autocommit=True) as connection:  # type: ignore[arg-type]
-        changed = False
-        for name, value in CHECKPOINT_SETTINGS.items():
-            current = connection.execute("SELECT current_setting(%s)", [name]).fetchone()
-            if current is None or current[0] != value:
-                connection.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
-                changed = True
-        if changed:
-            connection.execute("SELECT pg_reload_conf()")
+    try:
+        with psycopg.connect(**server.connection_kwargs("postgres"), autocommit=True) as connection:  # type: ignore[arg-type]
+            changed = False
+            for name, value in CHECKPOINT_SETTINGS.items():
+                current = connection.execute("SELECT current_setting(%s)", [name]).fetchone()
+                if current is None or current[0] != value:
+                    statement = sql.SQL("ALTER SYSTEM SET {} = {}").format(sql.Identifier(name), sql.Literal(value))
+                    connection.execute(statement)
+                    changed = True
+            if changed:
+                connection.execute("SELECT pg_reload_conf()")
+    except psycopg.Error:
+        logger.warning("embedded_postgres.checkpoint_settings_failed", exc_info=True)
 
 
 def database_ensure(server: EmbeddedServer, dbname: str) -> None:

@@ -49,3 +49,17 @@ def test_a_process_attaching_sets_them_again(admin: psycopg.Connection) -> None:
 
     assert _in_file(admin, "max_wal_size") == "4GB"
     assert _in_file(admin, "checkpoint_timeout") == "15min"
+
+
+def test_a_server_that_refuses_them_is_used_as_it_is(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise psycopg.OperationalError("permission denied to set parameter")
+
+    monkeypatch.setattr(psycopg, "connect", refuse)
+
+    server = embedded_postgres.server_start(settings.EMBEDDED_DATA_DIR)
+
+    assert server.port > 0
+    assert "embedded_postgres.checkpoint_settings_failed" in caplog.messages
