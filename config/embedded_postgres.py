@@ -18,7 +18,10 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    import psycopg
 
 # pgserver's platformdirs warns at import when XDG_RUNTIME_DIR is unset; that is harmless here.
 warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
@@ -34,8 +37,11 @@ class EmbeddedServer:
     socket_dir: str
     port: int
 
-    def connection_kwargs(self, dbname: str) -> dict[str, object]:
-        return {"host": self.socket_dir, "port": self.port, "user": SUPERUSER, "dbname": dbname}
+    def admin_connection(self) -> psycopg.Connection[Any]:
+        """An autocommit connection to the server's `postgres` database, as the superuser."""
+        import psycopg
+
+        return psycopg.connect(host=self.socket_dir, port=self.port, user=SUPERUSER, dbname="postgres", autocommit=True)
 
 
 def data_dir_default(base_dir: Path) -> Path:
@@ -70,7 +76,7 @@ def _checkpoint_settings_apply(server: EmbeddedServer) -> None:
     from psycopg import sql
 
     try:
-        with psycopg.connect(**server.connection_kwargs("postgres"), autocommit=True) as connection:  # type: ignore[arg-type]
+        with server.admin_connection() as connection:
             changed = False
             for name, value in CHECKPOINT_SETTINGS.items():
                 current = connection.execute("SELECT current_setting(%s)", [name]).fetchone()
@@ -89,7 +95,7 @@ def database_ensure(server: EmbeddedServer, dbname: str) -> None:
     import psycopg
     from psycopg import sql
 
-    with psycopg.connect(**server.connection_kwargs("postgres"), autocommit=True) as connection:  # type: ignore[arg-type]
+    with server.admin_connection() as connection:
         exists = connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", [dbname]).fetchone()
         if not exists:
             # Another process may create it between our check and our CREATE: PostgreSQL then answers

@@ -135,7 +135,8 @@ def _transport_errors(arguments: Mapping[str, Any]) -> Iterator[None]:
 @contextlib.contextmanager
 def _opened(arguments: Mapping[str, Any], path: str, body: dict[str, Any]) -> Iterator[httpx.Response]:
     """POST `body` to the server's `path`, the answer's body not read yet; closed on leaving. Raises
-    ProviderError, for an error status too."""
+    ProviderError, for an error status too, and turns httpx's errors while the caller reads the body into
+    ProviderErrors as well (they are raised at the `yield`, inside `_transport_errors`)."""
     headers = {"Content-Type": "application/json"}
     key = arguments.get("api_key") or os.environ.get("OPENAI_API_KEY")
     if key:
@@ -154,7 +155,7 @@ def _opened(arguments: Mapping[str, Any], path: str, body: dict[str, Any]) -> It
 
 def _post(arguments: Mapping[str, Any], path: str, body: dict[str, Any]) -> Any:
     """POST `body` to the server's `path`; the answer's JSON. Raises ProviderError."""
-    with _opened(arguments, path, body) as response, _transport_errors(arguments):
+    with _opened(arguments, path, body) as response:
         content = response.read()
     try:
         return orjson.loads(content)
@@ -216,7 +217,7 @@ def chat_stream(
     stream raises ProviderError before any chunk, and a stream cut or garbled later raises it mid-way.
     Closing the iterator closes the connection. `parameters` carry `stream` (and `stream_options`)."""
     body = _chat_body(arguments, messages, parameters)
-    with _opened(arguments, "/chat/completions", body) as response, _transport_errors(arguments):
+    with _opened(arguments, "/chat/completions", body) as response:
         for line in response.iter_lines():
             if not line.startswith("data:"):
                 continue  # blank separators, comments (": keep-alive") and event names
@@ -260,10 +261,12 @@ def _tool_calls_valid(calls: Any) -> bool:
     if not isinstance(calls, list):
         return False
     for call in calls:
-        function = call.get("function") if isinstance(call, Mapping) else None
-        if not isinstance(call, Mapping) or not isinstance(function or {}, Mapping):
+        if not isinstance(call, Mapping):
             return False
-        if not all(isinstance((function or {}).get(name), str | None) for name in ("name", "arguments")):
+        function = call.get("function") or {}
+        if not isinstance(function, Mapping) or not all(
+            isinstance(function.get(name), str | None) for name in ("name", "arguments")
+        ):
             return False
     return True
 

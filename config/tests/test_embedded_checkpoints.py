@@ -21,7 +21,7 @@ pytestmark = [
 def admin() -> Iterator[psycopg.Connection]:
     """A connection outside the test's transaction (ALTER SYSTEM refuses to run in one)."""
     server = embedded_postgres.server_start(settings.EMBEDDED_DATA_DIR)
-    with psycopg.connect(**server.connection_kwargs("postgres"), autocommit=True) as conn:  # type: ignore[arg-type]
+    with server.admin_connection() as conn:
         yield conn
         conn.execute("ALTER SYSTEM SET max_wal_size = '4GB'")
         conn.execute("SELECT pg_reload_conf()")

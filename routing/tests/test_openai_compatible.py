@@ -570,3 +570,14 @@ def test_closing_a_stream_early_closes_the_connection_to_the_server(target, serv
     chunks.close()
 
     assert events.broken.wait(5)  # the server's next writes fail: nobody reads the answer any more
+
+
+def test_a_stream_that_stalls_past_the_timeout_ends_with_a_timeout(target, server):
+    target.timeout_seconds = 0.3
+    target.save(update_fields=["timeout_seconds"])
+    server.script = [(200, Events(TOOL_CALL_STREAM[:3], pause=1.0))]
+
+    chunks, state = _streamed(target)
+
+    assert chunks == TOOL_CALL_STREAM[:1]
+    assert state.error.startswith("Timeout: the model server did not answer in 0.3 s (ReadTimeout)")
