@@ -50,10 +50,13 @@ def _niceness(pid: str) -> int:
     return int(fields[16])
 
 
-def test_make_run_serves_keel_and_ctrl_c_stops_every_process():
+def test_make_run_serves_keel_and_ctrl_c_stops_every_process(tmp_path):
     port = _free_port()
     env = {
         **os.environ,
+        # A broker of its own: the tests' processes send their tasks to the default one (var/broker), and a
+        # worker of this run that took one was stopped mid-task by the Ctrl-C (a traceback, once in CI).
+        "KEEL_BROKER_DIR": str(tmp_path / "broker"),
         "KEEL_WEB_WORKERS": "1",
         "KEEL_WEB_THREADS": "2",
         "KEEL_WORKER_CONCURRENCY": "1",
