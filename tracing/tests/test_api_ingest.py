@@ -13,7 +13,7 @@ from django.test import Client
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from agent_registry import services as registry_services
-from tracing import services
+from tracing import otlp, services
 from tracing.models import IngestBatch, Span, Trajectory
 from tracing.tests.agent_traces import refund_conversation
 from tracing.tests.conftest import otlp_json_document
@@ -153,6 +153,30 @@ def test_a_request_that_gets_no_turn_in_time_answers_429_with_retry_after_and_st
     assert refused.json()["detail"] == "every turn to store a request stayed taken for 0 s; retry shortly"
     assert stored.status_code == 200
     assert Span.objects.count() == 4
+
+
+def test_a_request_refused_a_turn_is_not_decoded(otel, ingest_client, settings, monkeypatch):
+    settings.KEEL_INGEST_CONCURRENCY = 1
+    settings.KEEL_INGEST_MAX_QUEUE_SECONDS = 0
+    refund_conversation(otel.tracer())
+    decoded: list[int] = []
+    decode = otlp.decode_request
+
+    def decode_counted(body: bytes, *args: Any, **kwargs: Any) -> Any:
+        decoded.append(len(body))
+        return decode(body, *args, **kwargs)
+
+    monkeypatch.setattr(otlp, "decode_request", decode_counted)
+
+    with services.ingest_gate.turn():
+        refused = ingest_client.post("/v1/traces", otel.protobuf(), content_type=PROTOBUF)
+    refused_decodes = len(decoded)
+    stored = ingest_client.post("/v1/traces", otel.protobuf(), content_type=PROTOBUF)
+
+    assert refused.status_code == 429
+    assert refused_decodes == 0
+    assert stored.status_code == 200
+    assert len(decoded) == 1
 
 
 @pytest.mark.django_db(transaction=True)

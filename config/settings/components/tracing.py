@@ -13,7 +13,7 @@ KEEL_INGEST_MAX_SPANS_PER_REQUEST = env_int("KEEL_INGEST_MAX_SPANS_PER_REQUEST",
 # OTLP requests each web process stores at once, and how many more may wait for a turn; past that a request
 # is refused at once. Both together stay below the process's threads (KEEL_WEB_THREADS, 4), so that a thread
 # is left for the dashboard and the gateway however much is sent.
-KEEL_INGEST_CONCURRENCY = env_int("KEEL_INGEST_CONCURRENCY", 1)
+KEEL_INGEST_CONCURRENCY = env_int("KEEL_INGEST_CONCURRENCY", 2)
 KEEL_INGEST_WAITING = env_int("KEEL_INGEST_WAITING", 1)
 # Back-pressure: ingest answers 429 with Retry-After when an OTLP request waited this long for its turn,
 # and instead of queueing more batches (JSON trajectories) than the workers can store in this time at their
