@@ -244,7 +244,11 @@ def _latency_poller(
     latencies: list[float] = []
     query_seconds: list[float] = []
     stop_seen: float | None = None
-    with psycopg.connect(conninfo, autocommit=True) as connection:
+    # Never prepared: psycopg prepares a query on its 5th run, and the generic plan PostgreSQL then kept,
+    # made while the table was nearly empty and never analyzed, read every trajectory of the workspace by
+    # its index and compared its trace id with each one polled for, 10 times a second: a fifth of
+    # PostgreSQL's CPU in the target phase (perf), charged to the system under test.
+    with psycopg.connect(conninfo, autocommit=True, prepare_threshold=None) as connection:
         while True:
             with contextlib.suppress(queue.Empty):
                 while True:
