@@ -222,7 +222,8 @@ class _IngestGate:
     process whose request waits for PostgreSQL (its COPY, its commit) has nothing else to run, and the two
     cores idled 8-10 % of the time, against 4-5 % with two (bench_ingest, one session, taking turns: 8,208
     and 9,245 spans/s stored with 1, 9,433 and 9,761 with 2). A third turn (and a fifth thread) stored
-    less, 6,924 against 7,991 in the run after it: the turns contend for the interpreter lock."""
+    less, 6,924 against 7,991 with 2 in the run after it (both decoding before the turn): the turns
+    contend for the interpreter lock."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
