@@ -1,10 +1,9 @@
-"""How spans_write stores span rows (COPY in binary format, no foreign-key constraint from the span
-table to the workspace: tracing 0021) and finds the batch's stored trajectories."""
+"""How spans_write stores span rows: COPY in binary format, and no foreign-key constraint from the span
+table to the workspace (tracing 0021)."""
 
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any
 
 import orjson
 import pytest
@@ -64,39 +63,3 @@ def test_a_workspaces_spans_leave_with_it(otel, workspace, other_workspace):
 
     assert set(Span.objects.values_list("workspace_id", "trace_id").distinct()) == {(other_workspace.pk, kept)}
     assert list(Trajectory.objects.values_list("trace_id", flat=True)) == [kept]
-
-
-def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    return [plan, *(node for child in plan.get("Plans", ()) for node in _plan_nodes(child))]
-
-
-def test_the_trajectory_lookup_probes_the_index_per_trace_id_without_statistics(otel, workspace):
-    """3,000 trajectories the planner has no statistics for (as on a new install, or a workspace that grew
-    since the last ANALYZE): the lookup by trace id still reads one index entry per trace id asked for,
-    where `trace_id = ANY(...)` read every trajectory of the workspace."""
-    trace_id, _ = _ingest(otel, workspace)
-    columns = [
-        str(field.column) for field in Trajectory._meta.concrete_fields if field.column not in ("id", "trace_id")
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO tracing_trajectory (trace_id, {', '.join(columns)}) "
-            f"SELECT md5(g::text), {', '.join(columns)} FROM tracing_trajectory, generate_series(1, 3000) AS g "
-            "WHERE workspace_id = %s AND trace_id = %s",
-            [workspace.pk, trace_id],
-        )
-    asked = [trace_id, *(f"{number:032x}" for number in range(49))]
-
-    with connection.cursor() as cursor:
-        cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {services._TRAJECTORY_IDS}", [asked, workspace.pk])
-        plan = cursor.fetchone()[0][0]["Plan"]
-        cursor.execute(services._TRAJECTORY_IDS, [asked, workspace.pk])
-        found = cursor.fetchall()
-
-    reads = [node for node in _plan_nodes(plan) if node.get("Relation Name") == "tracing_trajectory"]
-    assert [(node["Node Type"], node.get("Index Name")) for node in reads] in (
-        [("Index Only Scan", "trajectory_unique_per_workspace")],
-        [("Index Scan", "trajectory_unique_per_workspace")],
-    )
-    assert reads[0]["Actual Loops"] == 50
-    assert [row[0] for row in found] == [trace_id]
