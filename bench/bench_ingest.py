@@ -316,12 +316,17 @@ class Phase:
         return self.durable_window / self.window_seconds if self.window_seconds else math.nan
 
 
-def _high_water(target: Target) -> int:
+def _number(target: Target, sql: str, params: Sequence[Any] = ()) -> int:
+    """The one number `sql` answers in the target's database (0 for none, as max() of an empty table)."""
     import psycopg
 
     with psycopg.connect(target.database.conninfo(), autocommit=True) as connection:
-        row = connection.execute(target.high_water_sql).fetchone()
+        row = connection.execute(sql, params).fetchone()
     return int(row[0]) if row and row[0] is not None else 0
+
+
+def _high_water(target: Target) -> int:
+    return _number(target, target.high_water_sql)
 
 
 def _count(target: Target, above: int) -> int:
@@ -331,11 +336,7 @@ def _count(target: Target, above: int) -> int:
     5 s of the window, and that PostgreSQL CPU was charged to the system under test. Ids come from the
     table's sequence, so every span stored after the mark is above it; a transaction still open at the
     mark would hold ids below it, and its spans were sent before the phase."""
-    import psycopg
-
-    with psycopg.connect(target.database.conninfo(), autocommit=True) as connection:
-        row = connection.execute(target.durable_sql, [above]).fetchone()
-    return int(row[0]) if row else 0
+    return _number(target, target.durable_sql, [above])
 
 
 def _backlog_note(target: Target) -> str:
