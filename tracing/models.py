@@ -130,7 +130,9 @@ class Trajectory(models.Model):
 
     class Meta:
         constraints: ClassVar = [
-            models.UniqueConstraint(fields=["workspace", "trace_id"], name="trajectory_unique_per_workspace"),
+            # Trace id first: ingest's lookup by trace id reaches the trajectory through this index alone
+            # (services._TRAJECTORY_IDS); the workspace-first indexes below serve the lists.
+            models.UniqueConstraint(fields=["trace_id", "workspace"], name="trajectory_unique_per_workspace"),
             models.CheckConstraint(condition=Q(status__in=TrajectoryStatus.values), name="trajectory_status_valid"),
         ]
         indexes: ClassVar = [

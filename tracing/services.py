@@ -1020,11 +1020,8 @@ def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence
     connection.ensure_connection()
     # Server-side binding: Django's cursors would spell every array of JSON text out into the statement.
     with psycopg.Cursor(connection.connection) as cursor:
-        cursor.execute(
-            "SELECT trace_id FROM tracing_trajectory WHERE workspace_id = %s AND trace_id = ANY(%s)",
-            [workspace.pk, trace_ids],
-        )
-        existing = {row[0] for row in cursor.fetchall()}
+        stored_ids = _trajectory_ids(cursor, workspace.pk, trace_ids)
+        existing = set(stored_ids)
         new = [trace_id for trace_id in trace_ids if trace_id not in existing]
         if new:
             assembled = {
@@ -1038,7 +1035,7 @@ def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence
             for trace_id, trajectory_id in inserted.items():
                 batch.written(trajectory_id, assembled[trace_id])
         if existing:
-            _trajectories_reassemble(cursor, workspace.pk, sorted(existing), by_trace, batch)
+            _trajectories_reassemble(cursor, workspace.pk, sorted(existing), stored_ids, by_trace, batch)
         if batch.sessions:
             _left_after_error_withdraw(cursor, workspace.pk, batch)
         if batch.span_rows:
@@ -1060,19 +1057,51 @@ def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence
     return len(batch.span_rows)
 
 
+# The stored trajectories of a batch's traces: one probe of the (trace id, workspace) unique index per trace
+# id, whatever the planner's statistics say. Asked as `workspace_id = %s AND trace_id = ANY(%s)`, it read
+# every trajectory of the workspace through one of the five indexes that begin with the workspace, whenever
+# the statistics called the workspace small: a table not analyzed yet (a new install's first minute, the
+# benchmark), a workspace grown since the last ANALYZE (autoanalyze waits for a tenth of the whole table to
+# change), or one that was rare then. So the workspace is compared as `workspace_id + 0`, which no index
+# can answer, and each trace id is probed by itself (OFFSET 0 keeps the lateral subquery a per-row lookup;
+# as one `ANY`, a table without statistics was read whole).
+_TRAJECTORY_IDS = """
+    SELECT found.trace_id, found.id FROM unnest(%s::varchar[]) AS wanted (trace_id)
+    CROSS JOIN LATERAL (
+        SELECT trace_id, id FROM tracing_trajectory
+        WHERE trace_id = wanted.trace_id AND workspace_id + 0 = %s
+        OFFSET 0
+    ) AS found
+"""
+
+
+def _trajectory_ids(cursor: Any, workspace_id: int, trace_ids: list[str]) -> dict[str, int]:
+    """The ids of the workspace's stored trajectories of these traces, by trace id."""
+    cursor.execute(_TRAJECTORY_IDS, [trace_ids, workspace_id])
+    return dict(cursor.fetchall())
+
+
 def _trajectories_reassemble(
     cursor: Any,
     workspace_id: int,
     trace_ids: list[str],
+    trajectory_ids: Mapping[str, int],
     by_trace: Mapping[str, Mapping[str, otlp.Span]],
     batch: _BatchWrite,
 ) -> None:
     """Lock the trajectories of traces Keel has seen before, in one order, and assemble each again from
-    the spans stored before (committed by other batches, which the lock waited for) and this batch's."""
+    the spans stored before (committed by other batches, which the lock waited for) and this batch's.
+
+    `trajectory_ids` has the ids the batch read before inserting; the ones another batch inserted since
+    are looked up. The lock goes by primary key, which the planner estimates right without statistics."""
+    unknown = [trace_id for trace_id in trace_ids if trace_id not in trajectory_ids]
+    ids = [trajectory_ids[trace_id] for trace_id in trace_ids if trace_id in trajectory_ids]
+    if unknown:
+        ids.extend(_trajectory_ids(cursor, workspace_id, unknown).values())
     cursor.execute(
         "SELECT id, trace_id, span_count, agent_id FROM tracing_trajectory "
-        "WHERE workspace_id = %s AND trace_id = ANY(%s) ORDER BY trace_id FOR UPDATE",
-        [workspace_id, trace_ids],
+        "WHERE id = ANY(%s::bigint[]) ORDER BY trace_id FOR UPDATE",
+        [ids],
     )
     locked = {trace_id: (pk, count, agent_id) for pk, trace_id, count, agent_id in cursor.fetchall()}
     stored = selectors.trace_spans(workspace_id=workspace_id, trace_ids=[t for t in trace_ids if locked[t][1] > 0])

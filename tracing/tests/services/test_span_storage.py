@@ -1,9 +1,10 @@
-"""How spans_write stores span rows: COPY in binary format, and no foreign-key constraint from the span
-table to the workspace (tracing 0021)."""
+"""How spans_write stores span rows (COPY in binary format, no foreign-key constraint from the span
+table to the workspace: tracing 0021) and finds the batch's stored trajectories."""
 
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 import orjson
 import pytest
@@ -63,3 +64,63 @@ def test_a_workspaces_spans_leave_with_it(otel, workspace, other_workspace):
 
     assert set(Span.objects.values_list("workspace_id", "trace_id").distinct()) == {(other_workspace.pk, kept)}
     assert list(Trajectory.objects.values_list("trace_id", flat=True)) == [kept]
+
+
+def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    return [plan, *(node for child in plan.get("Plans", ()) for node in _plan_nodes(child))]
+
+
+def _trajectories_copy(cursor: Any, *, like: str, workspace_id: int, count: int, first: int) -> None:
+    """`count` copies of the stored trajectory `like`, in `workspace_id`, with trace ids md5(first...)."""
+    columns = [
+        str(field.column)
+        for field in Trajectory._meta.concrete_fields
+        if field.column not in ("id", "trace_id", "workspace_id")
+    ]
+    cursor.execute(
+        f"INSERT INTO tracing_trajectory (trace_id, workspace_id, {', '.join(columns)}) "
+        f"SELECT md5(g::text), %s, {', '.join(columns)} FROM tracing_trajectory, generate_series(%s, %s) AS g "
+        "WHERE trace_id = %s",
+        [workspace_id, first, first + count - 1, like],
+    )
+
+
+@pytest.mark.parametrize("statistics", ["none", "stale", "current"])
+def test_the_trajectory_lookup_probes_the_unique_index_per_trace_id(otel, workspace, other_workspace, statistics):
+    """Whatever the planner knows of the trajectory table, the lookup reads one entry of the unique index per
+    trace id asked for: with no statistics (a new install), with statistics taken when the workspace was
+    rare (it grew since), and with current ones. `workspace_id = %s AND trace_id = ANY(...)` read every
+    trajectory of the workspace in the first two. A trace id stored in another workspace only is not found."""
+    trace_id, _ = _ingest(otel, workspace)
+    with connection.cursor() as cursor:
+        if statistics == "stale":
+            _trajectories_copy(cursor, like=trace_id, workspace_id=other_workspace.pk, count=3000, first=100_000)
+            cursor.execute("ANALYZE tracing_trajectory")
+        _trajectories_copy(cursor, like=trace_id, workspace_id=workspace.pk, count=3000, first=1)
+        _trajectories_copy(cursor, like=trace_id, workspace_id=other_workspace.pk, count=1, first=200_000)
+        if statistics == "current":
+            cursor.execute("ANALYZE tracing_trajectory")
+        elif statistics == "none":
+            cursor.execute("SELECT current_setting('server_version_num')::int")
+            if cursor.fetchone()[0] < 180000:
+                pytest.skip("clearing a table's statistics takes PostgreSQL 18")
+            cursor.execute("SELECT pg_clear_relation_stats('public', 'tracing_trajectory')")
+            for column in ("workspace_id", "trace_id"):
+                cursor.execute("SELECT pg_clear_attribute_stats('public', 'tracing_trajectory', %s, false)", [column])
+        cursor.execute("SELECT md5(g::text) FROM generate_series(1, 2) AS g")
+        stored = [row[0] for row in cursor.fetchall()]
+        cursor.execute("SELECT md5('200000')")
+        elsewhere = cursor.fetchone()[0]
+    asked = [trace_id, *stored, elsewhere, *(f"{number:032x}" for number in range(46))]
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {services._TRAJECTORY_IDS}", [asked, workspace.pk])
+        plan = cursor.fetchone()[0][0]["Plan"]
+        found = services._trajectory_ids(cursor.cursor, workspace.pk, asked)
+
+    nodes = _plan_nodes(plan)
+    table = [node for node in nodes if node.get("Relation Name") == "tracing_trajectory"]
+    assert [node["Actual Loops"] for node in table] == [len(asked)] == [50]
+    assert {node["Index Name"] for node in nodes if "Index Name" in node} == {"trajectory_unique_per_workspace"}
+    assert sum(node.get("Rows Removed by Filter", 0) for node in table) <= 1
+    assert set(found) == {trace_id, *stored}
