@@ -1141,10 +1141,10 @@ _LEFT_AFTER_ERROR_INSTANCE = json_dumps([{"signal": "disengagement", "kind": "le
 
 _SIGNAL_UPDATE_COLUMNS = (
     ("id", "bigint"),
-    ("signals", "text"),
-    ("signal_names", "text"),
+    ("signals", "jsonb"),
+    ("signal_names", "text[]"),
     ("triage_score", "double precision"),
-    ("signal_errors", "text"),
+    ("signal_errors", "jsonb"),
     ("updated_at", "timestamptz"),
 )
 
@@ -1179,10 +1179,10 @@ def _left_after_error_withdraw(cursor: Any, workspace_id: int, batch: _BatchWrit
         updates.append(
             (
                 trajectory_id,
-                json_dumps(triage["signals"]),
-                json_dumps(triage["signal_names"]),
+                triage["signals"],
+                triage["signal_names"],
                 triage["triage_score"],
-                json_dumps(triage["signal_errors"]),
+                triage["signal_errors"],
                 batch.now,
             )
         )
@@ -1263,19 +1263,19 @@ _TRAJECTORY_UPDATE_COLUMNS = (
     ("total_tokens", "bigint"),
     ("cost_usd", "numeric"),
     ("unpriced_call_count", "integer"),
-    ("unpriced_models", "text"),  # JSON text of a list, as tags
+    ("unpriced_models", "text[]"),
     ("session_id", "text"),
     ("user_id", "text"),
-    ("tags", "text"),  # JSON text of a list: unnest cannot take an array of arrays
+    ("tags", "text[]"),
     ("task_id", "text"),
     ("reward", "double precision"),
     ("input_preview", "text"),
     ("output_preview", "text"),
-    ("metadata", "text"),  # JSON text, cast back to jsonb in the assignment
-    ("signals", "text"),
-    ("signal_names", "text"),
+    ("metadata", "jsonb"),
+    ("signals", "jsonb"),
+    ("signal_names", "text[]"),
     ("triage_score", "double precision"),
-    ("signal_errors", "text"),
+    ("signal_errors", "jsonb"),
     ("view_document", "text"),
     ("updated_at", "timestamptz"),
 )
@@ -1351,19 +1351,19 @@ def _trajectory_values(
         totals.total_tokens,
         _trajectory_cost(totals),
         totals.unpriced_call_count,
-        json_dumps([model[:_MODEL_LENGTH] for model in totals.unpriced_models[:UNPRICED_MODELS_KEPT]]),
+        [model[:_MODEL_LENGTH] for model in totals.unpriced_models[:UNPRICED_MODELS_KEPT]],
         _session_id(view),
         (view.user_id or "")[:500],
-        json_dumps(sorted({tag[:200] for tag in view.tags})),
+        sorted({tag[:200] for tag in view.tags}),
         (view.task_id or "")[:500],
         view.reward,
         input_preview,
         output_preview,
-        json_dumps(metadata),
-        json_dumps(triage["signals"]),
-        json_dumps(triage["signal_names"]),
+        metadata,
+        triage["signals"],
+        triage["signal_names"],
         triage["triage_score"],
-        json_dumps(triage["signal_errors"]),
+        triage["signal_errors"],
         _stored_view_document(view),
         now,
     )
@@ -1381,20 +1381,20 @@ def _stored_view_document(view: TrajectoryView) -> str:
     return view_document_json(view).decode()
 
 
-# How a column's value from unnest() becomes the column's: JSON text back into jsonb and arrays.
-_EXPRESSIONS = {
-    "tags": "ARRAY(SELECT jsonb_array_elements_text(v.tags::jsonb))",
-    "unpriced_models": "ARRAY(SELECT jsonb_array_elements_text(v.unpriced_models::jsonb))",
-    "signal_names": "ARRAY(SELECT jsonb_array_elements_text(v.signal_names::jsonb))",
-    "metadata": "v.metadata::jsonb",
-    "signals": "v.signals::jsonb",
-    "signal_errors": "v.signal_errors::jsonb",
-}
+# A batch's trajectory rows reach PostgreSQL as one JSON document, written by orjson, which
+# jsonb_to_recordset reads with each column's type (lists into arrays, objects into jsonb). As one array
+# per column, psycopg wrote every value of some 30 columns out in Python: 5.2 ms of the web's CPU for a
+# batch of 50 trajectories, against 0.35 ms as a document, with the same time in PostgreSQL.
+def _rows_document(columns: Sequence[tuple[str, str]], rows: Iterable[Sequence[Any]]) -> str:
+    names = [name for name, _ in columns]
+    return json_dumps([dict(zip(names, row, strict=True)) for row in rows])
 
 
-def _unnest(columns: Sequence[tuple[str, str]]) -> str:
-    arrays = ", ".join(f"%s::{kind}[]" for _, kind in columns)
-    return f"unnest({arrays}) WITH ORDINALITY AS v({', '.join(name for name, _ in columns)}, position)"
+def _recordset(columns: Sequence[tuple[str, str]]) -> str:
+    """`FROM` the rows of a `_rows_document` (the `%s` it takes), as `v`, numbered in `v.position`."""
+    definitions = ", ".join(f"{name} {kind}" for name, kind in columns)
+    names = ", ".join(name for name, _ in columns)
+    return f"ROWS FROM (jsonb_to_recordset(%s::jsonb) AS ({definitions})) WITH ORDINALITY AS v({names}, position)"
 
 
 def _trajectories_insert(
@@ -1404,14 +1404,17 @@ def _trajectories_insert(
     returns trace id → row id of those inserted. A trace whose row another batch inserted is left out:
     the insert waits until that batch has committed, then does nothing."""
     columns = (("trace_id", "text"), *_TRAJECTORY_UPDATE_COLUMNS[1:])
-    names = [name for name, _ in _TRAJECTORY_UPDATE_COLUMNS[1:]]
-    values = ", ".join(_EXPRESSIONS.get(name, f"v.{name}") for name in names)
-    arrays = [list(trace_ids), *(list(column) for column in list(zip(*rows, strict=True))[1:])]
+    names = [name for name, _ in columns[1:]]
     cursor.execute(
         f"INSERT INTO tracing_trajectory (workspace_id, trace_id, created_at, {', '.join(names)}) "
-        f"SELECT %s, v.trace_id, %s, {values} FROM {_unnest(columns)} ORDER BY v.position "
+        f"SELECT %s, v.trace_id, %s, {', '.join(f'v.{name}' for name in names)} FROM {_recordset(columns)} "
+        "ORDER BY v.position "
         "ON CONFLICT (workspace_id, trace_id) DO NOTHING RETURNING trace_id, id",
-        [workspace_id, now, *arrays],
+        [
+            workspace_id,
+            now,
+            _rows_document(columns, ((trace_id, *row[1:]) for trace_id, row in zip(trace_ids, rows, strict=True))),
+        ],
     )
     return dict(cursor.fetchall())
 
@@ -1420,12 +1423,10 @@ def _trajectories_update(
     cursor: Any, updates: list[tuple[Any, ...]], columns: Sequence[tuple[str, str]] = _TRAJECTORY_UPDATE_COLUMNS
 ) -> None:
     """Set the `columns` (the row id first) of each trajectory to its values in `updates`."""
-    names = [name for name, _ in columns]
-    assignments = ", ".join(f"{name} = {_EXPRESSIONS.get(name, f'v.{name}')}" for name in names[1:])
-    arrays = [list(column) for column in zip(*updates, strict=True)]
+    assignments = ", ".join(f"{name} = v.{name}" for name, _ in columns[1:])
     cursor.execute(
-        f"UPDATE tracing_trajectory AS t SET {assignments} FROM {_unnest(columns)} WHERE t.id = v.id",
-        arrays,
+        f"UPDATE tracing_trajectory AS t SET {assignments} FROM {_recordset(columns)} WHERE t.id = v.id",
+        [_rows_document(columns, updates)],
     )
 
 

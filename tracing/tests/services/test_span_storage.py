@@ -9,6 +9,8 @@ from typing import Any
 import orjson
 import pytest
 from django.db import connection
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
 from agent_registry import services as registry_services
 from agent_registry.models import Workspace
@@ -64,6 +66,51 @@ def test_a_workspaces_spans_leave_with_it(otel, workspace, other_workspace):
 
     assert set(Span.objects.values_list("workspace_id", "trace_id").distinct()) == {(other_workspace.pk, kept)}
     assert list(Trajectory.objects.values_list("trace_id", flat=True)) == [kept]
+
+
+def test_trajectory_rows_keep_awkward_values_when_inserted_and_when_assembled_again(otel, workspace):
+    """The trajectory rows travel to PostgreSQL as one JSON document (`_rows_document`): text, lists, objects,
+    money and floats come back as they were, from the INSERT of a new trace and from the UPDATE of one
+    assembled again when more of its spans arrive."""
+    api_key, _ = registry_services.apikey_create(workspace=workspace, name="k", scopes=["ingest"])
+    tracer = otel.tracer()
+    with tracer.start_as_current_span(
+        "invoke_agent awkward",
+        attributes={
+            "gen_ai.operation.name": "invoke_agent",
+            otlp.KEEL_SESSION_ID: AWKWARD,
+            otlp.KEEL_TAGS: [AWKWARD, "plain"],
+            otlp.KEEL_REWARD: 0.1,
+            f"{otlp.KEEL_METADATA_PREFIX}note": AWKWARD,
+            f"{otlp.KEEL_METADATA_PREFIX}numbers": [2**62, -1],
+            f"{otlp.KEEL_METADATA_PREFIX}ratio": 2.5e-7,
+        },
+    ) as root:
+        trace_id = format(root.get_span_context().trace_id, "032x")
+        with tracer.start_as_current_span("first step"):
+            pass
+    *first_batch, root_span = otel.exporter.get_finished_spans()
+    with tracer.start_as_current_span("late step", context=trace.set_span_in_context(root)):
+        pass
+    (late,) = otel.exporter.get_finished_spans()[2:]
+
+    def ingest(spans: list[Any]) -> Trajectory:
+        body = encode_spans(spans).SerializeToString()
+        services.ingest_otlp_accept(
+            api_key=api_key, body=body, content_type=otlp.CONTENT_TYPE_PROTOBUF, content_encoding=""
+        )
+        return Trajectory.objects.get(workspace=workspace, trace_id=trace_id)
+
+    for trajectory, span_count in ((ingest([*first_batch, root_span]), 2), (ingest([late]), 3)):
+        assert trajectory.span_count == span_count
+        assert trajectory.session_id == AWKWARD
+        assert trajectory.tags == sorted([AWKWARD, "plain"])
+        assert trajectory.reward == 0.1
+        assert trajectory.metadata == {"note": AWKWARD, "numbers": [2**62, -1], "ratio": 2.5e-7}
+        assert trajectory.cost_usd == Decimal(0)
+        assert trajectory.unpriced_models == []
+        assert isinstance(trajectory.signals, list)
+        assert trajectory.signal_names == [instance["signal"] for instance in trajectory.signals]
 
 
 def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
