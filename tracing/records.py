@@ -103,6 +103,12 @@ def _json_default(value: Any) -> Any:
 
 def json_dumps(value: Any) -> str:
     """JSON text PostgreSQL's jsonb accepts (orjson; bytes become base64, other oddities text)."""
+    try:
+        return orjson.dumps(value, default=_json_default).decode()
+    except orjson.JSONEncodeError:
+        pass
+    # Keys other than strings take an option that makes every dict slower to write (a span's data: 5.0
+    # against 2.8 µs), so only a value that has them pays for it.
     return orjson.dumps(value, default=_json_default, option=orjson.OPT_NON_STR_KEYS).decode()
 
 

@@ -114,6 +114,8 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, Final, Generic, Literal, NamedTuple, TypeVar
 
+import orjson
+
 from tracing.steps import Step, TrajectoryView
 
 SignalCategory = Literal["interaction", "execution", "environment", "failure_mode"]
@@ -778,7 +780,7 @@ def _level(severity: float) -> SeverityLevel:
     return "error" if severity >= 0.75 else "warning" if severity >= 0.45 else "info"
 
 
-# One encoder for every call: json.dumps with options builds a new encoder each time.
+# For what orjson cannot write; built once, as json.dumps with options builds a new encoder on every call.
 _CANONICAL_JSON: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
 
 
@@ -793,9 +795,13 @@ def _canonical(value: Any, limit: int) -> str:
         else:
             return _bound(value, limit)
     try:
-        text = _CANONICAL_JSON.encode(value)
-    except (TypeError, ValueError, RecursionError):
-        text = repr(value)
+        text = orjson.dumps(value, default=str, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:
+        # Keys other than text, integers past 64 bits, nesting past orjson's limit: the standard library's.
+        try:
+            text = _CANONICAL_JSON.encode(value)
+        except (TypeError, ValueError, RecursionError):
+            text = repr(value)
     return _bound(text, limit)
 
 
