@@ -114,9 +114,7 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, Final, Generic, Literal, NamedTuple, TypeVar
 
-import orjson
-
-from tracing.steps import Step, TrajectoryView
+from tracing.steps import Step, TrajectoryView, sorted_json
 
 SignalCategory = Literal["interaction", "execution", "environment", "failure_mode"]
 SeverityLevel = Literal["info", "warning", "error"]
@@ -780,10 +778,6 @@ def _level(severity: float) -> SeverityLevel:
     return "error" if severity >= 0.75 else "warning" if severity >= 0.45 else "info"
 
 
-# For what orjson cannot write; built once, as json.dumps with options builds a new encoder on every call.
-_CANONICAL_JSON: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
-
-
 def _canonical(value: Any, limit: int) -> str:
     """Arguments as comparable text: JSON with sorted keys; text that is JSON is parsed first."""
     if isinstance(value, str):
@@ -795,13 +789,9 @@ def _canonical(value: Any, limit: int) -> str:
         else:
             return _bound(value, limit)
     try:
-        text = orjson.dumps(value, default=str, option=orjson.OPT_SORT_KEYS).decode()
-    except TypeError:
-        # Keys other than text, integers past 64 bits, nesting past orjson's limit: the standard library's.
-        try:
-            text = _CANONICAL_JSON.encode(value)
-        except (TypeError, ValueError, RecursionError):
-            text = repr(value)
+        text = sorted_json(value)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(value)
     return _bound(text, limit)
 
 

@@ -233,12 +233,26 @@ def _tree(spans: Sequence[Span]) -> _Tree:
 # --- Conversation -------------------------------------------------------------------------------------
 
 
+# For what orjson cannot write; built once, as json.dumps with options builds a new encoder on every call.
+_SORTED_JSON: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
+
+
+def sorted_json(value: Any) -> str:
+    """Compact JSON with sorted keys, other types as their str(). orjson, and for what it refuses (keys
+    other than text, integers past 64 bits, deep nesting) the standard library, which takes those but
+    for keys of mixed types. Raises TypeError, ValueError or RecursionError when neither can."""
+    try:
+        return orjson.dumps(value, default=str, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:
+        return _SORTED_JSON.encode(value)
+
+
 def _canonical(value: Any) -> str:
     """A value as text that compares equal when the values do (key order aside)."""
     if isinstance(value, str):
         return value
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+        return sorted_json(value)
     except (TypeError, ValueError, RecursionError):
         # Keys of mixed types, or nesting past the interpreter's limit: equal only to itself.
         return f"<{type(value).__name__} {id(value)}>"
