@@ -613,7 +613,9 @@ Detector = Callable[["_Analysis"], list[SignalInstance]]
 # The role of a "user" message that an orchestrator gave to a later model call (see `_Analysis.turns`).
 HANDED_ON_ROLE: Final = "handed_on"
 _QUOTES: Final = str.maketrans({"\u2019": "'", "\u2018": "'", "\u201c": '"', "\u201d": '"'})
-_NON_WORD: Final = re.compile(r"[^\w']+")
+# A word: a run of word characters and apostrophes. Found with findall, half the time of replacing what
+# lies between the words with spaces and splitting on them.
+_WORD: Final = re.compile(r"[\w']+")
 _ALL_CAPS_LETTERS: Final = 10
 
 
@@ -630,7 +632,7 @@ def _normalize(text: str) -> str:
     text = text.lower()
     if not text.isascii():
         text = text.translate(_QUOTES)
-    words = _NON_WORD.sub(" ", text).split()
+    words = _WORD.findall(text)
     return " " + " ".join(words) + " " if words else " "
 
 
