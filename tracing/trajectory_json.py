@@ -98,7 +98,8 @@ class TrajectoryDocument(BaseModel):
     tags: list[str] = Field(default_factory=list, max_length=50)
     metadata: dict[str, Any] = Field(default_factory=dict)
     task_id: str | None = Field(default=None, max_length=500)
-    reward: float | None = None
+    # Not NaN or infinite: a reward is summed and compared, and JSON has no spelling for either.
+    reward: float | None = Field(default=None, allow_inf_nan=False)
     tools: list[dict[str, Any]] = Field(default_factory=list, max_length=500)
     messages: list[_Message] = Field(min_length=1, max_length=MAX_MESSAGES)
 

@@ -444,6 +444,21 @@ def test_json_trajectories_with_errors_name_the_field_and_store_nothing(ingest_c
     assert IngestBatch.objects.count() == 0
 
 
+@pytest.mark.parametrize("reward", ["NaN", "Infinity", "-inf"])
+def test_a_json_trajectorys_reward_that_is_not_a_finite_number_is_422(ingest_client, reward):
+    response = ingest_client.post(
+        "/api/v1/ingest/trajectories",
+        json.dumps({"reward": reward, "messages": [{"role": "user", "content": "hi"}]}),
+        content_type="application/json",
+    )
+
+    assert response.status_code == 422
+    body = response.json()
+    assert body["code"] == "trajectory_invalid"
+    assert body["errors"][0]["field"] == "reward"
+    assert IngestBatch.objects.count() == 0
+
+
 def test_the_queue_holds_at_most_what_the_workers_store_in_a_few_seconds(ingest_client, settings):
     settings.KEEL_INGEST_MAX_QUEUE_SECONDS = 2
     settings.KEEL_INGEST_BACKLOG_FLOOR_SPANS = 6

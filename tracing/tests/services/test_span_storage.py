@@ -101,7 +101,10 @@ def test_trajectory_rows_keep_awkward_values_when_inserted_and_when_assembled_ag
         )
         return Trajectory.objects.get(workspace=workspace, trace_id=trace_id)
 
-    for trajectory, span_count in ((ingest([*first_batch, root_span]), 2), (ingest([late]), 3)):
+    inserted = ingest([*first_batch, root_span])
+    assembled_again = ingest([late])
+
+    for trajectory, span_count in ((inserted, 2), (assembled_again, 3)):
         assert trajectory.span_count == span_count
         assert trajectory.session_id == AWKWARD
         assert trajectory.tags == sorted([AWKWARD, "plain"])
