@@ -1018,7 +1018,8 @@ def spans_write(*, workspace: Workspace, api_key: ApiKey | None, spans: Sequence
         signal_configs=_SignalConfigs(),
     )
     connection.ensure_connection()
-    # Server-side binding: Django's cursors would spell every array of JSON text out into the statement.
+    # Server-side binding: Django's cursors would spell the rows' JSON document and the id arrays out into
+    # the statement.
     with psycopg.Cursor(connection.connection) as cursor:
         stored_ids = _trajectory_ids(cursor, workspace.pk, trace_ids)
         existing = set(stored_ids)

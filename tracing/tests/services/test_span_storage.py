@@ -3,6 +3,7 @@ table to the workspace: tracing 0021) and finds the batch's stored trajectories.
 
 from __future__ import annotations
 
+import hashlib
 from decimal import Decimal
 from typing import Any
 
@@ -120,6 +121,11 @@ def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return [plan, *(node for child in plan.get("Plans", ()) for node in _plan_nodes(child))]
 
 
+def _md5(text: str) -> str:
+    """The trace id `_trajectories_copy` gives copy number `text` (PostgreSQL's md5 of the number's text)."""
+    return hashlib.md5(text.encode()).hexdigest()
+
+
 def _trajectories_copy(cursor: Any, *, like: str, workspace_id: int, count: int, first: int) -> None:
     """`count` copies of the stored trajectory `like`, in `workspace_id`, with trace ids md5(first...)."""
     columns = [
@@ -157,10 +163,8 @@ def test_the_trajectory_lookup_probes_the_unique_index_per_trace_id(otel, worksp
             cursor.execute("SELECT pg_clear_relation_stats('public', 'tracing_trajectory')")
             for column in ("workspace_id", "trace_id"):
                 cursor.execute("SELECT pg_clear_attribute_stats('public', 'tracing_trajectory', %s, false)", [column])
-        cursor.execute("SELECT md5(g::text) FROM generate_series(1, 2) AS g")
-        stored = [row[0] for row in cursor.fetchall()]
-        cursor.execute("SELECT md5('200000')")
-        elsewhere = cursor.fetchone()[0]
+    stored = [_md5(str(number)) for number in (1, 2)]
+    elsewhere = _md5("200000")
     asked = [trace_id, *stored, elsewhere, *(f"{number:032x}" for number in range(46))]
 
     with connection.cursor() as cursor:
