@@ -1191,20 +1191,22 @@ def span_build(**fields: Any) -> Span:
 
 
 def map_spans(spans: Iterable[RawSpan]) -> list[Span]:
-    return [map_span(raw) for raw in spans]
+    histories = _Histories()
+    return [map_span(raw, histories) for raw in spans]
 
 
-def map_span(raw: RawSpan) -> Span:
-    """Map one decoded span; never raises."""
+def map_span(raw: RawSpan, histories: _Histories | None = None) -> Span:
+    """Map one decoded span; never raises. `histories` carries what spans mapped before it (of the same
+    request) let it skip; without one, the span is mapped by itself, to the same result."""
     try:
-        return _map(raw, with_content=True)
+        return _map(raw, with_content=True, histories=histories)
     except RecursionError:
         # Content nested past the interpreter's limit (a hostile JSON attribute): keep the span and
         # its raw attributes, without the content fields.
-        return _map(raw, with_content=False)
+        return _map(raw, with_content=False, histories=None)
 
 
-def _map(raw: RawSpan, *, with_content: bool) -> Span:
+def _map(raw: RawSpan, *, with_content: bool, histories: _Histories | None) -> Span:
     attributes = raw.attributes
     resource = raw.resource_attributes
     used: set[str] = set()
@@ -1250,7 +1252,11 @@ def _map(raw: RawSpan, *, with_content: bool) -> Span:
         # Read, yet left in `attributes`: the Langfuse and OTLP exports pass the unmapped attributes on and
         # have no name of their own for this field.
         used.difference_update(_FINISH_REASON_KEYS)
-    content = _Content(raw, groups, span_type, used, finish_reasons is None) if with_content and reads_content else None
+    content = (
+        _Content(raw, groups, span_type, used, finish_reasons is None, histories)
+        if with_content and reads_content
+        else None
+    )
     tool_name = values.get("tool_name")
     if tool_name is None and span_type == "tool":
         tool_name = raw.name.removeprefix("execute_tool ").strip() or None
@@ -1959,6 +1965,59 @@ def _to_messages(value: Any, default_role: str) -> list[dict[str, Any]] | None:
     return messages
 
 
+class _Histories:
+    """What the model calls of one request said before, so that the next call of a trace reads only
+    what it adds.
+
+    Each call of an agent's loop sends the whole history in `gen_ai.input.messages`: the last call's
+    messages, then the ones since (its answer, the tool results). When the text of a call's history
+    goes on from the text of the trace's previous one, `[a, b` then `, c]`, its messages are those of
+    the previous history followed by the ones parsed from `[c]`: a trajectory of n calls is parsed in
+    one pass rather than n²/2 messages. Anything else (another trace's history, calls out of order,
+    different spacing) is parsed whole, so a span maps to the same value either way. The same system
+    instructions, sent with every call, are read once.
+    """
+
+    __slots__ = ("_last", "_systems")
+
+    def __init__(self) -> None:
+        # trace id -> (the text of its latest history without the closing bracket, its messages)
+        self._last: dict[str, tuple[str, list[dict[str, Any]]]] = {}
+        self._systems: dict[str, dict[str, Any] | None] = {}
+
+    def messages(self, trace_id: str, value: Any, default_role: str) -> list[dict[str, Any]] | None:
+        """`_to_messages(value, default_role)`, from the trace's previous history when `value` goes on
+        from its text."""
+        if type(value) is not str:
+            return _to_messages(value, default_role)
+        messages = None
+        last = self._last.get(trace_id)
+        if last is not None:
+            start, known = last
+            size = len(start)
+            if len(value) > size and value[size] == "," and value.startswith(start):
+                # The items up to `size` are the previous history's, whole: each of its values ended
+                # before its closing bracket. What follows the comma must hold an item: `[a,]` is no
+                # JSON, though `[]` is.
+                added = _to_messages("[" + value[size + 1 :], default_role)
+                if added:
+                    messages = [*known, *added]
+        if messages is None:
+            messages = _to_messages(value, default_role)
+        if messages:
+            text = value.rstrip()
+            if text.endswith("]"):
+                self._last[trace_id] = (text[:-1], messages)
+        return messages
+
+    def system_message(self, value: Any) -> dict[str, Any] | None:
+        if type(value) is not str:
+            return _system_message(value)
+        if value not in self._systems:
+            self._systems[value] = _system_message(value)
+        return self._systems[value]
+
+
 def _system_message(value: Any) -> dict[str, Any] | None:
     value = _maybe_json(value)
     if isinstance(value, str):
@@ -2146,9 +2205,10 @@ class _Content:
         span_type: SpanType,
         used: set[str],
         reads_finish_reasons: bool,
+        histories: _Histories | None,
     ) -> None:
         attributes = raw.attributes
-        self._resolve_messages_and_values(raw, attributes, groups, span_type, used, reads_finish_reasons)
+        self._resolve_messages_and_values(raw, attributes, groups, span_type, used, reads_finish_reasons, histories)
         self._resolve_tools(attributes, groups, span_type, used)
 
     def _resolve_messages_and_values(
@@ -2159,6 +2219,7 @@ class _Content:
         span_type: SpanType,
         used: set[str],
         reads_finish_reasons: bool,
+        histories: _Histories | None,
     ) -> None:
         # Agent spans often carry the dialogue too (invoke_agent with gen_ai.input.messages).
         reads_messages = span_type in ("generation", "agent")
@@ -2204,7 +2265,11 @@ class _Content:
                 return None
             if reasons is not None:
                 value = _maybe_json(value)
-            messages = _to_messages(value, default_role)
+                messages = _to_messages(value, default_role)
+            elif histories is not None and key == "gen_ai.input.messages":
+                messages = histories.messages(raw.trace_id, value, default_role)
+            else:
+                messages = _to_messages(value, default_role)
             if messages is not None:
                 used.add(key)
                 if reasons is not None:
@@ -2227,7 +2292,10 @@ class _Content:
         if not found:
             value = gen_ai_messages("gen_ai.input.messages", "user")
             if value is not None:
-                system = _system_message(attributes.get("gen_ai.system_instructions"))
+                instructions = attributes.get("gen_ai.system_instructions")
+                system = (
+                    histories.system_message(instructions) if histories is not None else _system_message(instructions)
+                )
                 if system is not None:
                     used.add("gen_ai.system_instructions")
                     if not value or value[0] != system:

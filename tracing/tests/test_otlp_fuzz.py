@@ -320,3 +320,70 @@ def test_mapping_and_assembly_accept_any_attribute_values(
 
     assert mapped[0].span_type in otlp.SPAN_TYPES
     assert {step.span_id for step in view.steps} <= {"eee19b7ec3c1b174", "0000000000000001"}
+
+
+MESSAGE_ITEMS = (
+    st.sampled_from(
+        [
+            {"role": "user", "parts": [{"type": "text", "content": "hi"}]},
+            {"role": "assistant", "parts": [{"type": "tool_call", "id": "c", "name": "f", "arguments": {"a": 1}}]},
+            {"role": "tool", "parts": [{"type": "tool_call_response", "id": "c", "response": [1, "x"]}]},
+            {"role": "user", "content": "plain"},
+        ]
+    )
+    | JSON_VALUES
+)
+SEPARATORS = st.sampled_from([(", ", ": "), (",", ":"), (" , ", " : ")])
+# How the next call's history is written: going on from the last one, or the last one's text with a
+# random edit (a character put in, taken out or changed), or a history of its own.
+NEXT = st.tuples(
+    st.sampled_from(["goes on", "edited", "own"]),
+    st.lists(MESSAGE_ITEMS, max_size=3),
+    SEPARATORS,
+    st.integers(0, 10**6),
+    st.sampled_from(["", ",", "]", "[", " ", "{", "x"]),
+)
+
+
+@FUZZ
+@given(first=st.lists(MESSAGE_ITEMS, max_size=3), steps_=st.lists(NEXT, min_size=1, max_size=5))
+def test_model_calls_of_one_request_map_as_each_would_alone(
+    first: list[Any], steps_: list[tuple[str, list[Any], tuple[str, str], int, str]]
+) -> None:
+    """Whatever a trace's successive histories look like, `map_spans` (which reads a history on from
+    the last one when it can) gives what `map_span` gives each span by itself."""
+    texts = [json.dumps(first)]
+    items = list(first)
+    for how, more, separators, at, character in steps_:
+        last = texts[-1]
+        if how == "goes on":
+            items += more
+            texts.append(json.dumps(items, separators=separators))
+        elif how == "edited":
+            at %= len(last) + 1
+            texts.append(last[:at] + character + last[at + (len(character) == 0) :])
+        else:
+            items = list(more)
+            texts.append(json.dumps(items, separators=separators))
+    raws = [
+        otlp.RawSpan(
+            trace_id="5b8efff798038103d269b633813fc60c",
+            span_id=f"{number + 1:016x}",
+            parent_span_id=None,
+            name="chat",
+            kind=1,
+            start_time_ns=1,
+            end_time_ns=2,
+            status_code=0,
+            status_message="",
+            attributes={"gen_ai.operation.name": "chat", "gen_ai.input.messages": text},
+            events=(),
+            resource_attributes={},
+            scope_name="",
+            scope_version="",
+            truncated_attributes={},
+        )
+        for number, text in enumerate(texts)
+    ]
+
+    assert otlp.map_spans(raws) == [otlp.map_span(raw) for raw in raws]

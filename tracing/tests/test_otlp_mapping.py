@@ -1026,3 +1026,71 @@ def test_openllmetry_tool_definitions() -> None:
 
     assert mapped.tool_definitions == (WEATHER_TOOL,)
     assert not any(key.startswith("llm.request.functions.") for key in mapped.attributes)
+
+
+def model_call(trace_id: str, span_id: str, history: str, **attributes: Any) -> otlp.RawSpan:
+    return raw_span(
+        {"gen_ai.operation.name": "chat", "gen_ai.input.messages": history, **attributes},
+        trace_id=trace_id,
+        span_id=span_id,
+    )
+
+
+USER = {"role": "user", "parts": [{"type": "text", "content": "Where is A-1?"}]}
+CALL = {"role": "assistant", "parts": [{"type": "tool_call", "id": "c1", "name": "lookup", "arguments": {"o": "A-1"}}]}
+RESULT = {"role": "tool", "parts": [{"type": "tool_call_response", "id": "c1", "response": {"status": "shipped"}}]}
+ANSWER = {"role": "assistant", "parts": [{"type": "text", "content": "It shipped."}]}
+FIRST = "5b8efff798038103d269b633813fc60c"
+SECOND = "5b8efff798038103d269b633813fc60d"
+
+
+@pytest.mark.parametrize(
+    "histories",
+    [
+        # A loop's calls, each history going on from the last (the SDK's spacing, then compact JSON).
+        [json.dumps([USER]), json.dumps([USER, CALL, RESULT]), json.dumps([USER, CALL, RESULT, ANSWER, USER])],
+        [
+            json.dumps([USER], separators=(",", ":")),
+            json.dumps([USER, CALL, RESULT], separators=(",", ":")),
+        ],
+        # The calls out of order, a history cut short, one edited, one repeated.
+        [json.dumps([USER, CALL, RESULT]), json.dumps([USER]), json.dumps([USER, CALL, RESULT])],
+        [json.dumps([USER, CALL]), json.dumps([{**USER, "role": "system"}, CALL, RESULT])],
+        # What follows the last history is not JSON, or not messages, or the last one was empty.
+        [json.dumps([USER]), json.dumps([USER])[:-1] + ", {]"],
+        [json.dumps([USER]), json.dumps([USER])[:-1] + ", 7]"],
+        [json.dumps([USER]), json.dumps([USER])[:-1] + ", ]"],
+        [json.dumps([USER]), json.dumps([USER])[:-1] + " " + json.dumps(CALL) + "]"],
+        [json.dumps([USER]), json.dumps([USER])[:-1] + ", " + json.dumps(CALL) + "] trailing"],
+        ["[]", "[, " + json.dumps(USER) + "]"],
+        [json.dumps({"messages": [USER]}), json.dumps({"messages": [USER]})[:-1] + ", " + json.dumps(CALL) + "]"],
+        ["[ ]", json.dumps([USER])],
+    ],
+)
+def test_a_requests_model_calls_map_as_each_would_alone(histories: list[str]) -> None:
+    """`map_spans` reads a call's history on from where the trace's previous one ended; the spans are
+    the ones `map_span` gives each by itself, continuation or not, valid or not. Two traces' calls
+    taken in turns are followed each on its own."""
+    first = [model_call(FIRST, f"{n + 1:016x}", history) for n, history in enumerate(histories)]
+    second = [model_call(SECOND, f"{n + 1:016x}", history) for n, history in enumerate(histories)]
+    in_turns = [span for pair in zip(first, second, strict=True) for span in pair]
+
+    assert otlp.map_spans(first) == [otlp.map_span(raw) for raw in first]
+    assert otlp.map_spans(in_turns) == [otlp.map_span(raw) for raw in in_turns]
+
+
+def test_a_history_that_goes_on_from_the_last_reuses_its_messages() -> None:
+    instructions = {"gen_ai.system_instructions": "Be brief."}
+    first = model_call(SECOND, "0000000000000001", json.dumps([USER, CALL]), **instructions)
+    second = model_call(SECOND, "0000000000000002", json.dumps([USER, CALL, RESULT, ANSWER]), **instructions)
+
+    # Another trace's call comes in between.
+    spans = otlp.map_spans([first, model_call(FIRST, "0000000000000003", json.dumps([ANSWER])), second])
+
+    assert spans[2].input == otlp.map_span(second).input
+    # The system message and the first call's two are the very objects read for the first call.
+    assert [message is known for message, known in zip(spans[2].input, spans[0].input, strict=False)] == [True] * 3
+    assert spans[2].input[3:] == [
+        {"role": "tool", "content": '{"status":"shipped"}', "tool_call_id": "c1"},
+        {"role": "assistant", "content": "It shipped."},
+    ]
