@@ -320,6 +320,18 @@ class _Conversation:
         # Where the history the last call read ends in the conversation: its answer, if already known,
         # is the message there.
         self._end = 0
+        # The key of each message read so far, by the message object. Spans mapped in one request share
+        # the objects of a history they repeat (`otlp.map_spans`): each call's history is keyed only for
+        # what it adds. The entry holds the message, so its id is not another's while the entry lives.
+        self._known: dict[int, tuple[dict[str, Any], tuple[Any, ...]]] = {}
+
+    def _key(self, message: dict[str, Any]) -> tuple[Any, ...]:
+        known = self._known.get(id(message))
+        if known is not None:
+            return known[1]
+        key = _message_key(message)
+        self._known[id(message)] = (message, key)
+        return key
 
     def absorb(self, incoming: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Read a call's history: add what it shows for the first time; returns those messages.
@@ -333,7 +345,7 @@ class _Conversation:
         dialogue, or the same call recorded twice).
         """
         positions_of = self._positions
-        keys = [_message_key(message) for message in incoming]
+        keys = [self._key(message) for message in incoming]
         pointer = 0
         known = 0
         for key in keys:
@@ -386,7 +398,7 @@ class _Conversation:
         or a retry whose first answer the agent dropped.
         """
         for message in outgoing:
-            key = _message_key(message)
+            key = self._key(message)
             if self._end < len(self.messages) and self._keys[self._end] == key:
                 self._end += 1
                 continue
@@ -407,13 +419,13 @@ class _Conversation:
         for offset in range(len(incoming) - 1, -1, -1):
             message = incoming[offset]
             # The role first: it rules out most messages without building their key.
-            if _key_text(message.get("role")) == last_key[0] and _message_key(message) == last_key:
+            if _key_text(message.get("role")) == last_key[0] and self._key(message) == last_key:
                 return list(incoming[offset + 1 :])
         return []
 
     def add(self, message: dict[str, Any], key: tuple[Any, ...] | None = None) -> None:
         if key is None:
-            key = _message_key(message)
+            key = self._key(message)
         self._positions.setdefault(key, []).append(len(self.messages))
         self.messages.append(message)
         self._keys.append(key)

@@ -351,7 +351,9 @@ def test_model_calls_of_one_request_map_as_each_would_alone(
     first: list[Any], steps_: list[tuple[str, list[Any], tuple[str, str], int, str]]
 ) -> None:
     """Whatever a trace's successive histories look like, `map_spans` (which reads a history on from
-    the last one when it can) gives what `map_span` gives each span by itself."""
+    the last one when it can) gives what `map_span` gives each span by itself, and the trajectory
+    assembled from spans that share the messages of their histories is the one assembled from spans
+    that do not."""
     texts = [json.dumps(first)]
     items = list(first)
     for how, more, separators, at, character in steps_:
@@ -386,4 +388,7 @@ def test_model_calls_of_one_request_map_as_each_would_alone(
         for number, text in enumerate(texts)
     ]
 
-    assert otlp.map_spans(raws) == [otlp.map_span(raw) for raw in raws]
+    shared, alone = otlp.map_spans(raws), [otlp.map_span(raw) for raw in raws]
+
+    assert shared == alone
+    assert steps.trajectory_view_build(shared) == steps.trajectory_view_build(alone)

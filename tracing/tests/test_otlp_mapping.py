@@ -10,7 +10,7 @@ import pytest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from tracing import otlp, records
+from tracing import otlp, records, steps
 from tracing.tests.conftest import OtelRecorder, decode_pb, pb_request, pb_span
 
 JSON = otlp.CONTENT_TYPE_JSON
@@ -1077,6 +1077,10 @@ def test_a_requests_model_calls_map_as_each_would_alone(histories: list[str]) ->
 
     assert otlp.map_spans(first) == [otlp.map_span(raw) for raw in first]
     assert otlp.map_spans(in_turns) == [otlp.map_span(raw) for raw in in_turns]
+    # Assembled from spans that share their histories' messages, a trajectory is the same.
+    assert steps.trajectory_view_build(otlp.map_spans(first)) == steps.trajectory_view_build(
+        [otlp.map_span(raw) for raw in first]
+    )
 
 
 def test_a_history_that_goes_on_from_the_last_reuses_its_messages() -> None:
