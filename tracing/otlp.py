@@ -1191,13 +1191,18 @@ def span_build(**fields: Any) -> Span:
 
 
 def map_spans(spans: Iterable[RawSpan]) -> list[Span]:
+    """Map the decoded spans of one request; never raises. Each span maps to what `map_span` gives it,
+    while a model call's history is read on from the previous call of its trace (`_Histories`)."""
     histories = _Histories()
-    return [map_span(raw, histories) for raw in spans]
+    return [_map_span(raw, histories) for raw in spans]
 
 
-def map_span(raw: RawSpan, histories: _Histories | None = None) -> Span:
-    """Map one decoded span; never raises. `histories` carries what spans mapped before it (of the same
-    request) let it skip; without one, the span is mapped by itself, to the same result."""
+def map_span(raw: RawSpan) -> Span:
+    """Map one decoded span; never raises."""
+    return _map_span(raw, None)
+
+
+def _map_span(raw: RawSpan, histories: _Histories | None) -> Span:
     try:
         return _map(raw, with_content=True, histories=histories)
     except RecursionError:
