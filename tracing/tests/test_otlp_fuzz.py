@@ -15,6 +15,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from tracing import otlp, steps
 from tracing.tests.conftest import OtelRecorder, otlp_json_document
+from tracing.tests.test_otlp_mapping import raw_span
 
 # KEEL_FUZZ_EXAMPLES raises the count for a longer hunt than CI's.
 FUZZ = settings(
@@ -368,23 +369,7 @@ def test_model_calls_of_one_request_map_as_each_would_alone(
             items = list(more)
             texts.append(json.dumps(items, separators=separators))
     raws = [
-        otlp.RawSpan(
-            trace_id="5b8efff798038103d269b633813fc60c",
-            span_id=f"{number + 1:016x}",
-            parent_span_id=None,
-            name="chat",
-            kind=1,
-            start_time_ns=1,
-            end_time_ns=2,
-            status_code=0,
-            status_message="",
-            attributes={"gen_ai.operation.name": "chat", "gen_ai.input.messages": text},
-            events=(),
-            resource_attributes={},
-            scope_name="",
-            scope_version="",
-            truncated_attributes={},
-        )
+        raw_span({"gen_ai.operation.name": "chat", "gen_ai.input.messages": text}, span_id=f"{number + 1:016x}")
         for number, text in enumerate(texts)
     ]
 
