@@ -1056,7 +1056,8 @@ SECOND = "5b8efff798038103d269b633813fc60d"
         # The calls out of order, a history cut short, one edited, one repeated.
         [json.dumps([USER, CALL, RESULT]), json.dumps([USER]), json.dumps([USER, CALL, RESULT])],
         [json.dumps([USER, CALL]), json.dumps([{**USER, "role": "system"}, CALL, RESULT])],
-        # What follows the last history is not JSON, or not messages, or the last one was empty.
+        # What follows the last history's text is not JSON, not messages, an empty tail after a comma, an item
+        # without the comma, or text after the bracket; the last history was empty, or a `messages` object.
         [json.dumps([USER]), json.dumps([USER])[:-1] + ", {]"],
         [json.dumps([USER]), json.dumps([USER])[:-1] + ", 7]"],
         [json.dumps([USER]), json.dumps([USER])[:-1] + ", ]"],
