@@ -2263,16 +2263,15 @@ class _Content:
             return messages
 
         def gen_ai_messages(
-            key: str, default_role: str, reasons: list[str] | None = None
+            key: str, default_role: str, reasons: list[str] | None = None, *, history: _Histories | None = None
         ) -> list[dict[str, Any]] | None:
             value = attributes.get(key)
             if value is None:
                 return None
             if reasons is not None:
                 value = _maybe_json(value)
-                messages = _to_messages(value, default_role)
-            elif histories is not None and key == "gen_ai.input.messages":
-                messages = histories.messages(raw.trace_id, value, default_role)
+            if history is not None:
+                messages = history.messages(raw.trace_id, value, default_role)
             else:
                 messages = _to_messages(value, default_role)
             if messages is not None:
@@ -2295,7 +2294,7 @@ class _Content:
             if found:
                 used.add("input.mime_type")
         if not found:
-            value = gen_ai_messages("gen_ai.input.messages", "user")
+            value = gen_ai_messages("gen_ai.input.messages", "user", history=histories)
             if value is not None:
                 instructions = attributes.get("gen_ai.system_instructions")
                 system = (

@@ -430,32 +430,24 @@ def test_json_trajectories_become_spans(ingest_client, workspace):
     assert stored.tool_name == "lookup_trip"
 
 
-def test_json_trajectories_with_errors_name_the_field_and_store_nothing(ingest_client):
-    response = ingest_client.post(
-        "/api/v1/ingest/trajectories",
-        json.dumps({"messages": [{"role": "wizard", "content": "hi"}]}),
-        content_type="application/json",
-    )
+@pytest.mark.parametrize(
+    ("document", "field"),
+    [
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
+        # A reward must be a finite number.
+        *(
+            ({"reward": reward, "messages": [{"role": "user", "content": "hi"}]}, "reward")
+            for reward in ("NaN", "Infinity", "-inf")
+        ),
+    ],
+)
+def test_json_trajectories_with_errors_name_the_field_and_store_nothing(ingest_client, document, field):
+    response = ingest_client.post("/api/v1/ingest/trajectories", json.dumps(document), content_type="application/json")
 
     assert response.status_code == 422
     body = response.json()
     assert body["code"] == "trajectory_invalid"
-    assert body["errors"][0]["field"] == "messages.0.role"
-    assert IngestBatch.objects.count() == 0
-
-
-@pytest.mark.parametrize("reward", ["NaN", "Infinity", "-inf"])
-def test_a_json_trajectorys_reward_that_is_not_a_finite_number_is_422(ingest_client, reward):
-    response = ingest_client.post(
-        "/api/v1/ingest/trajectories",
-        json.dumps({"reward": reward, "messages": [{"role": "user", "content": "hi"}]}),
-        content_type="application/json",
-    )
-
-    assert response.status_code == 422
-    body = response.json()
-    assert body["code"] == "trajectory_invalid"
-    assert body["errors"][0]["field"] == "reward"
+    assert body["errors"][0]["field"] == field
     assert IngestBatch.objects.count() == 0
 
 
