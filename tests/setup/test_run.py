@@ -12,6 +12,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tracing import compiled
+
 BASE_DIR = Path(__file__).resolve().parents[2]
 
 
@@ -75,6 +77,7 @@ def test_make_run_serves_keel_and_ctrl_c_stops_every_process(tmp_path):
     try:
         printed = _read_until(process, "Keel is running at", timeout=300)
         assert any(f"http://127.0.0.1:{port}/" in line for line in printed)
+        assert any(f"keel | ingest pipeline: {compiled.describe()}" in line for line in printed)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/login/", timeout=30) as response:
             assert response.status == 200
             assert b"Keel" in response.read()
