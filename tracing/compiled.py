@@ -91,14 +91,14 @@ def finder_install() -> None:
 
 def describe() -> str:
     """Which modules the next import takes compiled, in a line for people."""
-    current = [module for module in MODULES if compiled_current(module)]
     if not enabled():
         return f"switched off ({ENABLED_VARIABLE}=0): the ingest pipeline runs as Python"
+    current = [module for module in MODULES if compiled_current(module)]
     if not current:
         return "none built: the ingest pipeline runs as Python"
     stale = [module for module in MODULES if module not in current]
     return f"{len(current)} of {len(MODULES)} modules compiled" + (
-        f" (as Python, built from an older source: {', '.join(stale)})" if stale else ""
+        f" ({', '.join(stale)} as Python: not built from its current source)" if stale else ""
     )
 
 
@@ -119,9 +119,12 @@ def build(modules: Sequence[str] | None = None) -> list[str]:
         from setuptools import Distribution, Extension
     except ImportError as error:
         raise CompileUnavailable(f"Cython is not installed ({error})") from None
-    compiler = sysconfig.get_config_var("CC") or "cc"
-    if shutil.which(compiler.split()[0]) is None:
-        raise CompileUnavailable(f"no C compiler ({compiler.split()[0]} is not on PATH)")
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        raise CompileUnavailable(f"no C compiler ({compiler} is not on PATH)")
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not headers.is_file():
+        raise CompileUnavailable(f"no Python headers ({headers}; Debian's python3-dev has them)")
     # The digest of what is compiled, read before Cython reads it: a source edited during the build
     # gets a stamp that does not match it, and is imported as source.
     digests = {module: source_digest(source_path(module)) for module in stale}
@@ -144,8 +147,9 @@ def build(modules: Sequence[str] | None = None) -> list[str]:
                 "ext_modules": cythonize(
                     extensions,
                     build_dir=str(build_dir),
-                    # Annotations stay annotations: typed by them, a `float` argument would become a C double
-                    # and a `dict` one refuse a subclass, which the source as Python does not.
+                    # Annotations stay annotations. Typed by them, the compiled services module refused a
+                    # TextChoices member for an argument annotated `str` (a subclass), and a `float` argument
+                    # would become a C double; as Python, neither happens.
                     compiler_directives={"language_level": 3, "binding": True, "annotation_typing": False},
                     quiet=True,
                     # Translate again even when the C file looks newer: only stale modules come here, and

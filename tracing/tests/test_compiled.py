@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,7 @@ def test_other_modules_are_left_alone(one_module: Path) -> None:
 
 _IMPORT = """
 import sys
+import sysconfig
 from pathlib import Path
 import tracing.compiled as c
 c._ROOT = Path(sys.argv[1])
@@ -183,3 +185,18 @@ def test_build_compiles_what_is_stale_and_the_finder_takes_it(one_module: Path) 
     (one_module / "mod.py").write_text("def double(x):\n    return x + x + 1\n")
     assert _run(root, "import") == "[] False 43"  # edited: the source, not the old extension
     assert _run(root, "build") == "['pkg.mod'] True 43"
+
+
+def test_without_a_c_compiler_nothing_is_built_and_install_goes_on(
+    one_module: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_var = sysconfig.get_config_var
+    monkeypatch.setattr(
+        sysconfig, "get_config_var", lambda name: "no-such-cc -pthread" if name == "CC" else config_var(name)
+    )
+    with pytest.raises(compiled.CompileUnavailable, match="no-such-cc"):
+        compiled.build()
+    assert compiled.main() == 0
+    assert "runs as Python: no C compiler (no-such-cc is not on PATH)" in capsys.readouterr().out
+    assert not compiled.extension_path("pkg.mod").exists()
+    assert _found() == str(one_module / "mod.py")
