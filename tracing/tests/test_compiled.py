@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,18 +53,25 @@ def _corpus(directory: Path) -> None:
     (directory / "agents.json").write_bytes(recorder.json())
 
 
-def _digests(directory: Path, *, compiled_on: bool) -> dict[str, Any]:
-    environment = {**os.environ, compiled.ENABLED_VARIABLE: "1" if compiled_on else "0"}
+def _python(*arguments: str, environment: Mapping[str, str]) -> str:
+    """What this interpreter prints, run from the project's root with these arguments."""
     result = subprocess.run(
-        [sys.executable, "-m", "tracing.tests.compiled_digest", str(directory)],
+        [sys.executable, *arguments],
         cwd=BASE_DIR,
-        env=environment,
+        env=dict(environment),
         capture_output=True,
         text=True,
         check=True,
         timeout=300,
     )
-    parsed: dict[str, Any] = json.loads(result.stdout)
+    return result.stdout
+
+
+def _digests(directory: Path, *, compiled_on: bool) -> dict[str, Any]:
+    environment = {**os.environ, compiled.ENABLED_VARIABLE: "1" if compiled_on else "0"}
+    parsed: dict[str, Any] = json.loads(
+        _python("-m", "tracing.tests.compiled_digest", str(directory), environment=environment)
+    )
     return parsed
 
 
@@ -78,6 +86,7 @@ def test_compiled_and_source_make_the_same_spans_trajectories_and_signals(tmp_pa
     # Three distinct requests; the agents' as protobuf and as JSON map alike.
     assert len({digest["mapped"] for digest in as_source["digests"].values()}) == 3
     assert as_source["digests"]["agents.pb"]["mapped"] == as_source["digests"]["agents.json"]["mapped"]
+    # And this process's modules (compiled, when built) agree with the source too.
     agent_views = compiled_digest.body_digests((tmp_path / "agents.pb").read_bytes(), otlp.CONTENT_TYPE_PROTOBUF)
     assert agent_views == as_source["digests"]["agents.pb"]
 
@@ -152,7 +161,6 @@ def test_other_modules_are_left_alone(one_module: Path) -> None:
 
 _IMPORT = """
 import sys
-import sysconfig
 from pathlib import Path
 import tracing.compiled as c
 c._ROOT = Path(sys.argv[1])
@@ -166,16 +174,8 @@ print(built, c.loaded_compiled(pkg.mod), pkg.mod.double(21))
 
 
 def _run(root: Path, action: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-c", _IMPORT, str(root), action],
-        cwd=BASE_DIR,
-        env={key: value for key, value in os.environ.items() if key != compiled.ENABLED_VARIABLE},
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    )
-    return result.stdout.strip()
+    environment = {key: value for key, value in os.environ.items() if key != compiled.ENABLED_VARIABLE}
+    return _python("-c", _IMPORT, str(root), action, environment=environment).strip()
 
 
 def test_build_compiles_what_is_stale_and_the_finder_takes_it(one_module: Path) -> None:
