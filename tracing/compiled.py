@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -107,11 +108,16 @@ def loaded_compiled(module: ModuleType) -> bool:
     return str(getattr(module, "__file__", "")).endswith(_EXTENSION_SUFFIX)
 
 
-def build(modules: Sequence[str] | None = None) -> list[str]:
+def modules_loaded() -> dict[str, bool]:
+    """Each of MODULES, imported, and whether it came compiled."""
+    return {module: loaded_compiled(importlib.import_module(module)) for module in MODULES}
+
+
+def build() -> list[str]:
     """Compile the modules whose extension is not current; returns the ones built. Raises
     CompileUnavailable without Cython or a C compiler, and whatever Cython or the compiler raise
     for a module they cannot build."""
-    stale = [module for module in (MODULES if modules is None else modules) if not compiled_current(module)]
+    stale = [module for module in MODULES if not compiled_current(module)]
     if not stale:
         return []
     try:

@@ -38,13 +38,12 @@ def body_digests(body: bytes, content_type: str) -> dict[str, str]:
 
 
 def main(directory: Path) -> None:
-    loaded = {module.__name__: compiled.loaded_compiled(module) for module in (otlp, records, signals, steps)}
     digests = {
         path.name: body_digests(path.read_bytes(), CONTENT_TYPES[path.suffix])
         for path in sorted(directory.iterdir())
         if path.suffix in CONTENT_TYPES
     }
-    print(json.dumps({"compiled": loaded, "digests": digests}))
+    print(json.dumps({"compiled": compiled.modules_loaded(), "digests": digests}))
 
 
 if __name__ == "__main__":

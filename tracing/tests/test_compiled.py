@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from bench.workload import templates_build
-from tracing import compiled, otlp, records, signals, steps
+from tracing import compiled, otlp, signals, steps
 from tracing.tests import compiled_digest
 from tracing.tests.agent_traces import long_conversation, refund_conversation
 from tracing.tests.conftest import OtelRecorder
@@ -34,21 +34,25 @@ def _built_or_skip() -> None:
 
 def test_the_pipeline_runs_compiled_in_this_process() -> None:
     _built_or_skip()
-    loaded = {module.__name__: compiled.loaded_compiled(module) for module in (otlp, records, signals, steps)}
-    assert loaded == dict.fromkeys(compiled.MODULES, compiled.enabled())
+    assert compiled.modules_loaded() == dict.fromkeys(compiled.MODULES, compiled.enabled())
 
 
-def _corpus(directory: Path) -> None:
-    """The benchmark's requests (500 spans each), and agent runs whose tools fail, whose prompts are
-    Langfuse's and whose histories are long, as protobuf and as JSON."""
-    for number, template in enumerate(templates_build(2)):
-        (directory / f"bench-{number}.pb").write_bytes(template.body)
+def _agent_runs() -> OtelRecorder:
+    """Agent runs whose tools fail, whose prompts are Langfuse's and whose histories are long."""
     recorder = OtelRecorder()
     tracer = recorder.tracer()
     refund_conversation(tracer)
     refund_conversation(tracer, session="session-2", tool_fails=True, prompt=("refunds", "3"))
     long_conversation(tracer, turns=30)
     long_conversation(tracer, turns=12, tool_spans=False, big_number=True)
+    return recorder
+
+
+def _corpus(directory: Path) -> None:
+    """The benchmark's requests (500 spans each), and the agent runs as protobuf and as JSON."""
+    for number, template in enumerate(templates_build(2)):
+        (directory / f"bench-{number}.pb").write_bytes(template.body)
+    recorder = _agent_runs()
     (directory / "agents.pb").write_bytes(recorder.protobuf())
     (directory / "agents.json").write_bytes(recorder.json())
 
@@ -91,9 +95,8 @@ def test_compiled_and_source_make_the_same_spans_trajectories_and_signals(tmp_pa
     assert agent_views == as_source["digests"]["agents.pb"]
 
 
-def test_the_corpus_fires_signals(tmp_path: Path) -> None:
-    _corpus(tmp_path)
-    spans, _ = otlp.decode_and_map((tmp_path / "agents.pb").read_bytes(), otlp.CONTENT_TYPE_PROTOBUF, None)
+def test_the_corpus_fires_signals() -> None:
+    spans = _agent_runs().spans()
     traces = sorted({span.trace_id for span in spans})
     reports = [
         signals.signals_compute(steps.trajectory_view_build([s for s in spans if s.trace_id == trace_id]))
