@@ -31,7 +31,10 @@ if TYPE_CHECKING:
 WAIT = ("waiting for PostgreSQL (psycopg wait loop)", r"^(\w+\.)?wait(_c|_conn)? \(.*psycopg")
 # Decoding, mapping and writing spans: the web's work for an OTLP request, the worker's for a batch.
 PIPELINE_STAGES: tuple[tuple[str, str], ...] = (
-    ("decode protobuf (otlp.decode_request)", r"^(decode_request|_decode_protobuf|_parse_protobuf|_pb_\w+) "),
+    (
+        "decode protobuf (otlp.decode_request)",
+        r"^(decode_request|_decode_protobuf|decode_protobuf_runtime|spans_read|_parse_protobuf|_pb_\w+) ",
+    ),
     ("map spans (otlp.map_spans)", r"^(map_spans|map_span|_map) \(.*otlp"),
     ("price spans (_priced, litellm price map)", r"^(_priced|_price_overrides) "),
     ("read back stored spans (trace_spans)", r"^trace_spans "),

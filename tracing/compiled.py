@@ -34,7 +34,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-MODULES = ("tracing.otlp", "tracing.steps", "tracing.signals", "tracing.records")
+# tracing.wire comes first: the others take long to compile, and it is the one whose types matter most.
+MODULES = ("tracing.wire", "tracing.otlp", "tracing.steps", "tracing.signals", "tracing.records")
 # KEEL_COMPILED=0 imports every module from its source, built or not.
 ENABLED_VARIABLE = "KEEL_COMPILED"
 
@@ -56,7 +57,12 @@ def stamp_path(module: str) -> Path:
 
 
 def source_digest(source: Path) -> str:
-    return hashlib.sha256(source.read_bytes()).hexdigest()
+    """The SHA-256 of the source and of the .pxd beside it, if any (Cython reads the types it declares)."""
+    digest = hashlib.sha256(source.read_bytes())
+    declarations = source.with_suffix(".pxd")
+    if declarations.is_file():
+        digest.update(b"\0pxd\0" + declarations.read_bytes())
+    return digest.hexdigest()
 
 
 def compiled_current(module: str) -> bool:
