@@ -4,7 +4,8 @@ and imported compiled only when built from the source as it is now.
 Decoding, mapping, assembling trajectories and computing their signals is most of the web's Python work
 for every span stored. Compiled as written, with no type declared, the same code took 27 % less of the
 web's CPU per span in process, and 7 %, 20 % and 16 % less in three benchmark runs, each taken in turn
-with one as Python (bench/RESULTS.md, 2026-11-30).
+with one as Python (bench/RESULTS.md, 2026-11-30). One module is written to be compiled: tracing.wire,
+whose C types `wire.pxd` declares; the stamp's digest covers a module's .pxd as well as its source.
 
 The source stays the one truth. Each extension sits beside its source (`otlp.cpython-311-x86_64-linux-gnu.so`
 beside `otlp.py`) with a stamp (`otlp.compiled`) holding the SHA-256 of the source it was built from.
