@@ -8,7 +8,6 @@ cdef class _Message:
     cdef frozenset schema
 
 
-@cython.locals(value=cython.ulonglong)
 cdef long long _int32(unsigned long long value)
 
 cdef long long _int64(unsigned long long value)

@@ -1,8 +1,8 @@
 """OTLP/protobuf trace requests read straight from the wire format, into tracing.otlp's RawSpans.
 
 protobuf's runtime parses a request quickly, but reading it back is slow: every field read from Python
-makes an object (a message wrapper, a new string), and a span of the ingest benchmark has some forty of
-them. This reader makes only the objects a RawSpan keeps. It is meant to run compiled, with the types
+makes an object (a message wrapper, a new string), whether RawSpan keeps it or not. This reader makes
+only the objects a RawSpan keeps. It is meant to run compiled, with the types
 `wire.pxd` declares, and `tracing.otlp` uses it only then (`COMPILED`); as Python it gives the same
 spans, more slowly than protobuf's runtime.
 
