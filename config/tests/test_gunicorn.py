@@ -19,6 +19,7 @@ def _tracked(objects: list[list[int]]) -> bool:
 def test_a_worker_freezes_what_it_loaded_and_again_after_its_first_requests():
     worker = SimpleNamespace()
     first, then = min(gunicorn.FREEZE_AFTER_REQUESTS), max(gunicorn.FREEZE_AFTER_REQUESTS)
+    threshold = gc.get_threshold()
     try:
         loaded = [[number] for number in range(100)]
         gunicorn.post_worker_init(worker)
@@ -41,6 +42,18 @@ def test_a_worker_freezes_what_it_loaded_and_again_after_its_first_requests():
         assert _tracked(request_scoped)  # no freezes after the last one
     finally:
         gc.unfreeze()
+        gc.set_threshold(*threshold)
+
+
+def test_a_worker_collects_its_youngest_generation_less_often():
+    threshold = gc.get_threshold()
+    try:
+        gunicorn.post_worker_init(SimpleNamespace())
+
+        assert gc.get_threshold() == (gunicorn.YOUNG_GENERATION_THRESHOLD, *threshold[1:])
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
 
 
 def test_make_run_and_the_benchmarks_start_gunicorn_with_the_hooks():
