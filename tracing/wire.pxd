@@ -16,14 +16,13 @@ cdef long long _int64(unsigned long long value)
 cdef _Message _REQUEST_FIELDS, _RESOURCE_SPANS_FIELDS, _RESOURCE_FIELDS, _SCOPE_SPANS_FIELDS, _SCOPE_FIELDS
 cdef _Message _SPAN_FIELDS, _EVENT_FIELDS, _STATUS_FIELDS, _KEY_VALUE_FIELDS, _ANY_VALUE_FIELDS, _ARRAY_FIELDS
 cdef _Message _KV_LIST_FIELDS
-cdef bytes _ZERO_TRACE_ID, _ZERO_SPAN_ID
 
 
 cdef class Reader:
     cdef bytes data
     cdef const unsigned char* buf
     cdef Py_ssize_t size, pos, end, cut, limit
-    cdef unsigned long long last_time_ns
+    cdef bytes zero_span_id
     cdef object clean, finite, rejection, raw_span, span_event, missing_resource
 
     @cython.locals(buf="const unsigned char*", pos=Py_ssize_t, result=cython.ulonglong, shift=cython.int, byte=cython.ulonglong)

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import base64
 import struct
+import sys
 from collections import Counter
 from typing import Any, Final
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-# Compiled, this module's file is the extension, not wire.py.
-COMPILED: Final = not __file__.endswith(".py")
+from tracing import compiled
+
+COMPILED: Final = compiled.loaded_compiled(sys.modules[__name__])
 
 MAX_VALUE_DEPTH: Final = 16
 _MAX_FIELD_NUMBER: Final = 2**29 - 1
@@ -34,8 +36,6 @@ _I64: Final = 1
 _LEN: Final = 2
 _I32: Final = 5
 _DOUBLE: Final = struct.Struct("<d")
-_ZERO_TRACE_ID: Final = bytes(16)
-_ZERO_SPAN_ID: Final = bytes(8)
 
 _REQUEST: Final = "opentelemetry.proto.collector.trace.v1.ExportTraceServiceRequest"
 _RESOURCE_SPANS: Final = "opentelemetry.proto.trace.v1.ResourceSpans"
@@ -158,7 +158,7 @@ class Reader:
         self.raw_span = otlp.RawSpan
         self.span_event = otlp.SpanEvent
         self.missing_resource = otlp.MISSING_RESOURCE
-        self.last_time_ns = otlp.LAST_STORABLE_TIME_NS
+        self.zero_span_id = otlp._ZERO_SPAN_ID
 
     # --- the wire format
 
@@ -408,18 +408,9 @@ class Reader:
         if resource is None:
             reasons[self.missing_resource] += 1
             return None
-        if not (
-            len(trace_id) == 16
-            and trace_id != _ZERO_TRACE_ID
-            and len(span_id) == 8
-            and span_id != _ZERO_SPAN_ID
-            and (not parent_id or len(parent_id) == 8)
-            and name
-            and start_ns
-            and start_ns <= end_ns <= self.last_time_ns
-        ):
-            # Rare: tracing.otlp says why, as protobuf's path does.
-            reasons[self.rejection(trace_id, span_id, parent_id, name, start_ns, end_ns)] += 1
+        reason = self.rejection(trace_id, span_id, parent_id, name, start_ns, end_ns)
+        if reason is not None:
+            reasons[reason] += 1
             return None
         limit = self.limit
         if len(name) > limit or "\x00" in name:
@@ -434,7 +425,7 @@ class Reader:
         return self.raw_span(
             trace_id.hex(),
             span_id.hex(),
-            parent_id.hex() if parent_id and parent_id != _ZERO_SPAN_ID else None,
+            parent_id.hex() if parent_id and parent_id != self.zero_span_id else None,
             name,
             kind,
             start_ns,

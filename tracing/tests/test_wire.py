@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from collections.abc import Callable
+import sys
 from pathlib import Path
 from typing import Any, cast
 
@@ -31,6 +31,7 @@ def _source_module() -> Any:
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as an import does, before the module runs
     spec.loader.exec_module(module)
     return module
 
@@ -38,22 +39,26 @@ def _source_module() -> Any:
 _SOURCE = _source_module()
 
 
-@pytest.fixture(scope="module", params=["imported", "source"])
-def read(request: pytest.FixtureRequest) -> Callable[[bytes, int], otlp.ExportRequest]:
-    """The reader as an ExportRequest; raises the module's Unread."""
-    module = wire if request.param == "imported" else _SOURCE
+class _Reading:
+    """One of the two readers, as an ExportRequest; raises the module's Unread (`unread`)."""
 
-    def reading(body: bytes, limit: int) -> otlp.ExportRequest:
-        spans, reasons = module.spans_read(body, limit)
+    def __init__(self, module: Any) -> None:
+        self.module = module
+        self.unread: type[Exception] = module.Unread
+
+    def __call__(self, body: bytes, limit: int) -> otlp.ExportRequest:
+        spans, reasons = self.module.spans_read(body, limit)
         return otlp.ExportRequest(
             spans=tuple(spans), rejected_spans=sum(reasons.values()), rejection_reasons=dict(reasons)
         )
 
-    reading.unread = module.Unread  # type: ignore[attr-defined]
-    return reading
+
+@pytest.fixture(scope="module", params=["imported", "source"])
+def read(request: pytest.FixtureRequest) -> _Reading:
+    return _Reading(wire if request.param == "imported" else _SOURCE)
 
 
-def _same_or_unread(read: Any, body: bytes, limit: int) -> bool:
+def _same_or_unread(read: _Reading, body: bytes, limit: int) -> bool:
     """Check the reader against protobuf's runtime on one body; returns whether the reader read it."""
     try:
         expected: otlp.ExportRequest | None = otlp.decode_protobuf_runtime(body, limit)
@@ -77,7 +82,7 @@ def _agent_runs() -> bytes:
     return recorder.protobuf()
 
 
-def test_it_reads_the_benchmarks_requests_and_agent_runs_as_protobuf_does(read: Any) -> None:
+def test_it_reads_the_benchmarks_requests_and_agent_runs_as_protobuf_does(read: _Reading) -> None:
     bodies = [template.body for template in templates_build(2)] + [_agent_runs(), valid_request()[0]]
     for body in bodies:
         for limit in LIMITS:
@@ -218,14 +223,16 @@ def requests(draw: st.DrawFn) -> bytes:
 
 @FUZZ
 @given(body=requests(), limit=st.sampled_from(LIMITS))
-def test_any_request_without_what_it_leaves_is_read_as_protobuf_reads_it(read: Any, body: bytes, limit: int) -> None:
+def test_any_request_without_what_it_leaves_is_read_as_protobuf_reads_it(
+    read: _Reading, body: bytes, limit: int
+) -> None:
     assert _same_or_unread(read, body, limit), "left to protobuf a request with only what the reader reads"
 
 
 @FUZZ
 @given(body=requests(), mutations=st.lists(MUTATION, min_size=1, max_size=6))
 def test_mutated_requests_are_read_as_protobuf_reads_them_or_left_to_it(
-    read: Any, body: bytes, mutations: list[tuple[str, int, int]]
+    read: _Reading, body: bytes, mutations: list[tuple[str, int, int]]
 ) -> None:
     _same_or_unread(read, mutate(body, mutations), otlp.DEFAULT_MAX_ATTRIBUTE_LENGTH)
 
@@ -233,7 +240,7 @@ def test_mutated_requests_are_read_as_protobuf_reads_them_or_left_to_it(
 @FUZZ
 @given(mutations=st.lists(MUTATION, min_size=1, max_size=8))
 def test_mutated_sdk_exports_are_read_as_protobuf_reads_them_or_left_to_it(
-    read: Any, mutations: list[tuple[str, int, int]]
+    read: _Reading, mutations: list[tuple[str, int, int]]
 ) -> None:
     _same_or_unread(read, mutate(valid_request()[0], mutations), otlp.DEFAULT_MAX_ATTRIBUTE_LENGTH)
 
@@ -306,7 +313,7 @@ def _with_a_second_status() -> bytes:
         pytest.param(_with_a_second_status(), id="a status sent twice"),
     ],
 )
-def test_what_it_does_not_read_is_left_to_protobuf_and_decoded_all_the_same(read: Any, body: bytes) -> None:
+def test_what_it_does_not_read_is_left_to_protobuf_and_decoded_all_the_same(read: _Reading, body: bytes) -> None:
     with pytest.raises(read.unread):
         read(body, otlp.DEFAULT_MAX_ATTRIBUTE_LENGTH)
 
