@@ -83,7 +83,11 @@ def _agent_runs() -> bytes:
 
 
 def test_it_reads_the_benchmarks_requests_and_agent_runs_as_protobuf_does(read: _Reading) -> None:
-    bodies = [template.body for template in templates_build(2)] + [_agent_runs(), valid_request()[0]]
+    # A root span sent with an all-zero parent id, as some SDKs do: no parent.
+    zero_parent = _plain_span()
+    zero_parent.parent_span_id = bytes(8)
+    bodies = [template.body for template in templates_build(2)]
+    bodies += [_agent_runs(), valid_request()[0], _encoded(_request(zero_parent))]
     for body in bodies:
         for limit in LIMITS:
             assert _same_or_unread(read, body, limit), "a plain SDK export was left to protobuf"
