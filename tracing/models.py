@@ -9,7 +9,7 @@ so the order in which spans and batches arrive does not matter.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Final
 
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
@@ -78,6 +78,10 @@ class TrajectoryStatus(models.TextChoices):
 UNPRICED_MODELS_KEPT = 20
 
 
+# `signals` of a trajectory whose user left after an error contains this (tracing.signals' disengagement).
+LEFT_AFTER_ERROR_SIGNALS: Final = [{"signal": "disengagement", "kind": "left_after_error"}]
+
+
 class Trajectory(models.Model):
     """One trace read as a trajectory: totals and labels rolled up from its spans."""
 
@@ -139,6 +143,14 @@ class Trajectory(models.Model):
             models.Index(fields=["workspace", "-started_at"], name="trajectory_recent"),
             models.Index(fields=["workspace", "agent", "-started_at"], name="trajectory_agent_recent"),
             models.Index(fields=["workspace", "session_id"], name="trajectory_session"),
+            # Only the trajectories whose user left after an error, which are few: ingest looks for them
+            # among each batch's sessions (services._LEFT_AFTER_ERROR_CONTINUED), and through the session
+            # index it read every trajectory of a long session to find none.
+            models.Index(
+                fields=["workspace", "session_id"],
+                name="trajectory_left_after_error",
+                condition=Q(signals__contains=LEFT_AFTER_ERROR_SIGNALS),
+            ),
             models.Index(fields=["workspace", "-triage_score"], name="trajectory_triage"),
             GinIndex(fields=["signal_names"], name="trajectory_signal_names"),
         ]

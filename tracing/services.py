@@ -49,6 +49,7 @@ from config import dispatch
 from config.config_cache import NotifiedCache, config_free_transaction
 from tracing import exceptions, langfuse_bridge, otlp, pricing, selectors, signals, trajectory_json
 from tracing.models import (
+    LEFT_AFTER_ERROR_SIGNALS,
     UNPRICED_MODELS_KEPT,
     BatchSource,
     BatchStatus,
@@ -1123,13 +1124,16 @@ def _trajectories_reassemble(
 
 # A trajectory flagged `left_after_error` whose session (same workspace, same non-empty session id) has a
 # trajectory that started after it: the user came back. Run after the batch wrote its trajectories, so the
-# batch's own are among both the flagged and the later ones, whatever order they came in. Read through the
-# (workspace, session_id) index, only the rows of the batch's sessions, and `signal_names` before the
-# signals; the rows found are locked in trace-id order, as the batch locked the others.
-_LEFT_AFTER_ERROR_CONTINUED = """
+# batch's own are among both the flagged and the later ones, whatever order they came in. The flagged rows
+# of the batch's sessions are read through the partial index of flagged trajectories
+# (`trajectory_left_after_error`; its condition is written here as a constant, which even a generic plan can
+# match): through the session index, it read every trajectory of the batch's sessions, and a session grows
+# by one with each request of its user. The rows found are locked in trace-id order, as the batch locked
+# the others.
+_LEFT_AFTER_ERROR_CONTINUED = f"""
     SELECT t.id, t.trace_id, t.agent_id FROM tracing_trajectory AS t
     WHERE t.workspace_id = %s AND t.session_id = ANY(%s)
-        AND t.signal_names @> ARRAY['disengagement']::varchar[] AND t.signals @> %s::jsonb
+        AND t.signals @> '{json_dumps(LEFT_AFTER_ERROR_SIGNALS)}'::jsonb
         AND EXISTS (
             SELECT 1 FROM tracing_trajectory AS later
             WHERE later.workspace_id = t.workspace_id AND later.session_id = t.session_id
@@ -1138,7 +1142,6 @@ _LEFT_AFTER_ERROR_CONTINUED = """
     ORDER BY t.trace_id
     FOR UPDATE OF t
 """
-_LEFT_AFTER_ERROR_INSTANCE = json_dumps([{"signal": "disengagement", "kind": "left_after_error"}])
 
 _SIGNAL_UPDATE_COLUMNS = (
     ("id", "bigint"),
@@ -1157,7 +1160,7 @@ def _left_after_error_withdraw(cursor: Any, workspace_id: int, batch: _BatchWrit
 
     One query for a batch with sessions, and no more unless it finds such trajectories (a user who came
     back after an error), which are then read in one query and written in one."""
-    cursor.execute(_LEFT_AFTER_ERROR_CONTINUED, [workspace_id, sorted(batch.sessions), _LEFT_AFTER_ERROR_INSTANCE])
+    cursor.execute(_LEFT_AFTER_ERROR_CONTINUED, [workspace_id, sorted(batch.sessions)])
     found: list[tuple[int, str, int | None]] = cursor.fetchall()
     if not found:
         return

@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from agent_registry import services as registry_services
 from agent_registry.tests.factories import WorkspaceFactory
@@ -227,3 +227,30 @@ def test_a_batch_with_sessions_costs_one_statement_more_whatever_its_size(api_ke
     assert cost(None, 20, START + 2) == without
     assert cost("s-1", 1, START + 3) == without + 1
     assert cost("s-2", 20, START + 4) == without + 1
+
+
+
+def _scans(plan: dict[str, Any]) -> list[tuple[str, str]]:
+    """(alias, index name or node type) of each scan in an EXPLAIN (FORMAT JSON) plan."""
+    found = [(plan["Alias"], plan.get("Index Name", plan["Node Type"]))] if "Alias" in plan else []
+    for child in plan.get("Plans", ()):
+        found += _scans(child)
+    return found
+
+
+def test_a_batch_reads_only_the_flagged_trajectories_of_its_sessions(workspace, api_key):
+    # A long session: every trajectory of it answered, one flagged and not followed.
+    ingest(api_key, *(next_request(session="long", started_at=START + number) for number in range(30)))
+    (flagged_id,) = ingest(api_key, failed_refund(session="long", started_at=START + 100))
+    assert flagged(flagged_id) == FLAGGED
+
+    with transaction.atomic(), psycopg.Cursor(connection.connection) as cursor:
+        # Sequential scans off: the test's tables are small enough for one to win, a workspace's are not.
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(
+            "EXPLAIN (FORMAT JSON) " + services._LEFT_AFTER_ERROR_CONTINUED, [workspace.pk, ["long", "other"]]
+        )
+        ((plan,),) = cursor.fetchall()
+
+    # Through the session index, all 31 trajectories of the session; the partial index holds the flagged one.
+    assert [index for alias, index in _scans(plan[0]["Plan"]) if alias == "t"] == ["trajectory_left_after_error"]
