@@ -229,7 +229,6 @@ def test_a_batch_with_sessions_costs_one_statement_more_whatever_its_size(api_ke
     assert cost("s-2", 20, START + 4) == without + 1
 
 
-
 def _scans(plan: dict[str, Any]) -> list[tuple[str, str]]:
     """(alias, index name or node type) of each scan in an EXPLAIN (FORMAT JSON) plan."""
     found = [(plan["Alias"], plan.get("Index Name", plan["Node Type"]))] if "Alias" in plan else []
