@@ -244,12 +244,23 @@ def test_a_batch_reads_only_the_flagged_trajectories_of_its_sessions(workspace, 
     assert flagged(flagged_id) == FLAGGED
 
     with transaction.atomic(), psycopg.Cursor(connection.connection) as cursor:
-        # Sequential scans off: the test's tables are small enough for one to win, a workspace's are not.
+        # Whether the planner prefers the partial index depends on the statistics, which autovacuum takes
+        # while the suite runs (a session it calls short is as cheap to read through the session index). What
+        # is tested is that the query can use it at all: its condition must imply the index's. So the other
+        # indexes that begin with the workspace go, inside this transaction, and sequential scans are off.
+        cursor.execute(
+            "SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = 'tracing_trajectory'::regclass "
+            "AND indkey[0] = (SELECT attnum FROM pg_attribute WHERE attrelid = 'tracing_trajectory'::regclass "
+            "AND attname = 'workspace_id')"
+        )
+        for (name,) in cursor.fetchall():
+            if name != "trajectory_left_after_error":
+                cursor.execute(f"DROP INDEX {name}")
         cursor.execute("SET LOCAL enable_seqscan = off")
         cursor.execute(
             "EXPLAIN (FORMAT JSON) " + services._LEFT_AFTER_ERROR_CONTINUED, [workspace.pk, ["long", "other"]]
         )
         ((plan,),) = cursor.fetchall()
+        transaction.set_rollback(True)
 
-    # Through the session index, all 31 trajectories of the session; the partial index holds the flagged one.
     assert [index for alias, index in _scans(plan[0]["Plan"]) if alias == "t"] == ["trajectory_left_after_error"]
