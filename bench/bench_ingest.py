@@ -19,8 +19,9 @@ Two phases per system:
 1. `target`: the issue's target rate (20,000 spans/s offered) for `--duration` seconds. Durable
    spans/s = rows in the span table counted at the start and the end of the steady-state window
    (after `--warmup`), divided by its length. Counted are the rows above the table's highest id when
-   the phase began (an index scan over the phase's rows, not a scan of the whole table). Then the
-   backlog (acknowledged − stored), and how long it takes to drain.
+   the phase began, as the phase goes (`DurableCount`: each count reads only the newest rows, and one
+   count of all of them checks it after the drain). Then the backlog (acknowledged − stored), and how
+   long it takes to drain.
 2. `sustainable`: 80 % of what phase 1 showed the system can store (its durable rate, or the rate
    at which it drained the backlog once the load stopped, whichever is higher), for half the
    duration: the time from acknowledgement to queryable at a load the system keeps up with.
