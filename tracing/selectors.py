@@ -224,8 +224,9 @@ def trajectory_spans(*, trajectory: Trajectory) -> list[otlp.Span]:
     return trace_spans(workspace_id=trajectory.workspace_id, trace_ids=[trajectory.trace_id])[trajectory.trace_id]
 
 
-# Ingest reads this for each batch with tool results, once per agent: through the ORM, building the query
-# took 1.0-1.5 ms of the web's CPU per batch (in process, 500 spans per batch), the SQL itself 0.26.
+# Ingest reads this for each batch with tool results, once per agent. Through the ORM the call took 1.0-2.6 ms
+# of the web's CPU per batch of 500 spans (in process), of which the SQL was 0.26 ms; as one statement,
+# 0.3-1.3 ms (bench/RESULTS.md, 2026-11-30).
 _TOOL_RESULT_SHAPE_COUNTS = (
     "SELECT tool_name, shape_key, shape, count FROM tracing_toolresultshape "
     "WHERE agent_id = %s AND count >= %s ORDER BY tool_name, count DESC, shape_key"

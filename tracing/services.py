@@ -1127,9 +1127,8 @@ def _trajectories_reassemble(
 # batch's own are among both the flagged and the later ones, whatever order they came in. The flagged rows
 # of the batch's sessions are read through the partial index of flagged trajectories
 # (`trajectory_left_after_error`; its condition is written here as a constant, which even a generic plan can
-# match): through the session index, it read every trajectory of the batch's sessions, and a session grows
-# by one with each request of its user. The rows found are locked in trace-id order, as the batch locked
-# the others.
+# match), whatever the statistics say; the rows found are locked in trace-id order, as the batch locked the
+# others.
 _LEFT_AFTER_ERROR_CONTINUED = f"""
     SELECT t.id, t.trace_id, t.agent_id FROM tracing_trajectory AS t
     WHERE t.workspace_id = %s AND t.session_id = ANY(%s)
