@@ -237,7 +237,7 @@ def _scans(plan: dict[str, Any]) -> list[tuple[str, str]]:
     return found
 
 
-def test_a_batch_reads_only_the_flagged_trajectories_of_its_sessions(workspace, api_key):
+def test_the_lookup_of_a_batchs_flagged_trajectories_can_use_their_partial_index(workspace, api_key):
     # A long session: every trajectory of it answered, one flagged and not followed.
     ingest(api_key, *(next_request(session="long", started_at=START + number) for number in range(30)))
     (flagged_id,) = ingest(api_key, failed_refund(session="long", started_at=START + 100))
