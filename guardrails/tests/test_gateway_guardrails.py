@@ -187,6 +187,12 @@ def test_a_benign_tool_result_goes_through_unchanged(gateway):
     assert not GuardrailViolation.objects.filter(layer="tool").exists()
 
 
+def leakage_violation(gateway: Gateway) -> GuardrailViolation:
+    """The output's leakage violation. Not the only one the output may have: the canary's 20 random hex digits
+    hold a Luhn-valid run of 13 that PII reads as a card in about 1 of 1,800 workspaces (11 of 20,000 canaries)."""
+    return GuardrailViolation.objects.get(agent=gateway.agent, layer="output", check_name="system_prompt_leakage")
+
+
 @pytest.mark.django_db
 def test_an_answer_that_leaks_the_system_prompt_canary_is_blocked(gateway):
     gateway.fake.script("fast", say("placeholder"))
@@ -201,8 +207,8 @@ def test_an_answer_that_leaks_the_system_prompt_canary_is_blocked(gateway):
     assert body["choices"][0]["finish_reason"] == "content_filter"
     assert "ride support assistant" not in body["choices"][0]["message"]["content"]
     assert body["keel"]["error"]["type"] == "output_blocked"
-    violation = GuardrailViolation.objects.get(agent=gateway.agent, layer="output")
-    assert (violation.check_name, violation.action) == ("system_prompt_leakage", "block")
+    violation = leakage_violation(gateway)
+    assert violation.action == "block"
     assert "canary" in violation.evidence
 
 
@@ -298,8 +304,8 @@ def test_with_stream_live_a_leak_goes_out_but_is_recorded(gateway):
     text, _ = streamed(response)
     assert gateway.fake.received[-1].stream is True
     assert "ride support assistant" in text  # the policy chose live streaming: the check can only record
-    violation = GuardrailViolation.objects.get(agent=gateway.agent, layer="output")
-    assert (violation.check_name, violation.action) == ("system_prompt_leakage", "block")
+    violation = leakage_violation(gateway)
+    assert violation.action == "block"
 
 
 def pseudonymizing(gateway: Gateway) -> None:
