@@ -63,7 +63,7 @@ from tracing.models import (
     ToolResultShape,
     Trajectory,
 )
-from tracing.records import json_dumps, span_from_record, span_record
+from tracing.records import json_dumps, span_from_record, span_record, span_row
 from tracing.steps import Totals, TrajectoryView, trajectory_view_build, view_document_json
 
 logger = logging.getLogger("tracing.services")
@@ -962,31 +962,11 @@ class _BatchWrite:
             )
             if prompt_version_id is not None:
                 self.trajectory_prompts.add((trajectory_id, prompt_version_id))
-            record = span_record(span)
+            # The row's columns in _SPAN_COLUMNS' order: the record's (RECORD_COLUMNS, then data) with the
+            # workspace, the trajectory, the prompt version and the time around them.
+            record = span_row(span)
             self.span_rows.append(
-                (
-                    self.workspace_id,
-                    trajectory_id,
-                    record.trace_id,
-                    record.span_id,
-                    record.parent_span_id,
-                    record.name,
-                    record.kind,
-                    record.span_type,
-                    record.status,
-                    record.status_message,
-                    record.start_time_ns,
-                    record.end_time_ns,
-                    record.model,
-                    record.tool_name,
-                    record.input_tokens,
-                    record.output_tokens,
-                    record.total_tokens,
-                    record.cost_usd,
-                    prompt_version_id,
-                    record.data,
-                    self.now,
-                )
+                (self.workspace_id, trajectory_id, *record[:-1], prompt_version_id, record[-1], self.now)
             )
 
 

@@ -627,12 +627,20 @@ def _bound(text: str, limit: int) -> str:
     return text[:head] + " … " + text[len(text) - (limit - head) :]
 
 
+# `_WORD`'s words of an ASCII text: every other character turned into a space, then split. A third of the
+# expression's time (measured on the lower-cased text of a 366-character message: 5.4 against 14.6 µs).
+_ASCII_NON_WORD: Final = str.maketrans(
+    {chr(code): " " for code in range(128) if not (chr(code).isalnum() or chr(code) in "_'")}
+)
+
+
 def _normalize(text: str) -> str:
     """Lower-cased words separated by single spaces, padded with a space on each side."""
     text = text.lower()
-    if not text.isascii():
-        text = text.translate(_QUOTES)
-    words = _WORD.findall(text)
+    if text.isascii():
+        words = text.translate(_ASCII_NON_WORD).split()
+    else:
+        words = _WORD.findall(text.translate(_QUOTES))
     return " " + " ".join(words) + " " if words else " "
 
 

@@ -1099,3 +1099,22 @@ def test_a_history_that_goes_on_from_the_last_reuses_its_messages() -> None:
         {"role": "tool", "content": '{"status":"shipped"}', "tool_call_id": "c1"},
         {"role": "assistant", "content": "It shipped."},
     ]
+
+
+def test_a_rows_data_leaves_out_what_is_empty_and_reads_it_back_as_mapped() -> None:
+    mapped = otlp.map_span(raw_span({"gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o"}))
+    record = records.span_record(mapped)
+    columns = {field.name: getattr(record, field.name) for field in dataclasses.fields(record)}
+    data = json.loads(record.data)
+
+    for name in ("session_id", "metadata", "resource_attributes", "tags", "events", "usage", "finish_reasons"):
+        assert name not in data
+    assert records.span_from_record(columns, data) == mapped
+
+    # A value that is falsy but not empty is kept, as are a tool call's arguments and result when None.
+    kept = dataclasses.replace(mapped, reward=0.0, input=[], output="", tool_arguments=None, task_id="")
+    record = records.span_record(kept)
+    data = json.loads(record.data)
+    assert (data["reward"], data["input"], data["output"], data["task_id"]) == (0.0, [], "", "")
+    assert data["tool_arguments"] is None
+    assert records.span_from_record(columns, data) == kept
