@@ -135,8 +135,8 @@ def span_row(span: Span) -> tuple[Any, ...]:
     """A span's SpanRecord as a tuple, in its fields' order: what ingest writes, without building the record.
 
     `data` leaves out a field that holds None or is empty, which `span_from_record` reads back the same
-    (a tool span's arguments and result aside: there, no key means the input's or the output's). Of the
-    ingest benchmark's spans' 2.3 kB of `data`, the empty fields' keys and nulls were 0.26 kB.
+    (a tool span's arguments and result aside: there, no key means the input's or the output's). The
+    ingest benchmark's spans have 1,793 bytes of `data` on average, against 2,158 with every key written.
     """
     data: dict[str, Any] = {}
     for name, value in zip(_DATA_FIELDS, _data_values(span), strict=True):
