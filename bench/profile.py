@@ -41,7 +41,7 @@ PIPELINE_STAGES: tuple[tuple[str, str], ...] = (
     ("assemble trajectories (steps.trajectory_view_build)", r"^trajectory_view_build "),
     ("triage signals (signals.signals_compute)", r"^signals_compute "),
     ("trajectory row values (_trajectory_values, previews)", r"^_trajectory_values "),
-    ("span rows: JSON of `data` (records.span_record)", r"^span_record "),
+    ("span rows: JSON of `data` (records.span_row)", r"^(span_row|span_record) "),
     ("COPY spans (psycopg copy.write_row)", r"^(write_row|write|_write_gen) \(.*psycopg"),
     ("insert and update trajectories (… FROM jsonb_to_recordset)", r"^(_trajectories_insert|_trajectories_update) "),
     ("claim the batch, read its body", r"^_batch_claim "),
@@ -117,7 +117,7 @@ def report_profile(report: Report, phase: Phase, directory: Path) -> None:
 
 KEY_FUNCTIONS = (
     r"\((span_batch_process|_batch_claim|_batch_spans|decode_request|map_spans|spans_write|_priced|trace_spans"
-    r"|trajectory_view_build|signals_compute|span_record|_trajectory_values|_trajectories_insert"
+    r"|trajectory_view_build|signals_compute|span_row|_trajectory_values|_trajectories_insert"
     r"|_trajectories_update|_trajectories_reassemble|_prompt_versions|ingest_otlp_accept|turn)\)"
     r"|\(write_row\)|\(commit\)"
 )

@@ -637,10 +637,7 @@ _ASCII_NON_WORD: Final = str.maketrans(
 def _normalize(text: str) -> str:
     """Lower-cased words separated by single spaces, padded with a space on each side."""
     text = text.lower()
-    if text.isascii():
-        words = text.translate(_ASCII_NON_WORD).split()
-    else:
-        words = _WORD.findall(text.translate(_QUOTES))
+    words = text.translate(_ASCII_NON_WORD).split() if text.isascii() else _WORD.findall(text.translate(_QUOTES))
     return " " + " ".join(words) + " " if words else " "
 
 

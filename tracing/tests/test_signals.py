@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracing import otlp
+from tracing import otlp, signals
 from tracing.signals import (
     DEFAULT_WEIGHTS,
     ENGLISH_PHRASES,
@@ -842,6 +842,16 @@ OLD_MARKER = re.compile(r"\b(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[A-Za-z0-9][\w-]{3,}\b
 @given(st.text(alphabet="a1Z9_-. é١x", max_size=24))
 def test_cascade_markers_are_what_the_documented_pattern_finds(text: str) -> None:
     assert cascade_markers(text) == OLD_MARKER.findall(text)
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=127), max_size=40) | st.text(max_size=12))
+def test_normalized_text_has_the_words_the_documented_pattern_finds(text: str) -> None:
+    # ASCII text is split by str.translate; other text by the pattern, after its quotes are made plain.
+    lowered = text.lower()
+    if not lowered.isascii():
+        lowered = lowered.translate(signals._QUOTES)
+    words = re.findall(r"[\w']+", lowered)
+    assert signals._normalize(text) == (" " + " ".join(words) + " " if words else " ")
 
 
 def test_a_long_run_of_words_and_hyphens_does_not_hang_the_marker_scan() -> None:
