@@ -872,7 +872,8 @@ EMPTY_USAGE: Final = Usage()
 
 
 # Not frozen, as RawSpan is not: a frozen dataclass sets each of its 41 fields through object.__setattr__,
-# a fifth of the mapping's time. Treat a span as read-only all the same (`with_cost` copies one).
+# a fifth of the mapping's time. Treat a span as read-only all the same (`with_cost` copies one). `_map`
+# sets every field itself, without __init__ (defaults included): a field added here is to be set there too.
 @dataclass(slots=True)
 class Span:
     """A span in Keel's normalized form.
