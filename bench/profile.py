@@ -41,7 +41,7 @@ PIPELINE_STAGES: tuple[tuple[str, str], ...] = (
     ("assemble trajectories (steps.trajectory_view_build)", r"^trajectory_view_build "),
     ("triage signals (signals.signals_compute)", r"^signals_compute "),
     ("trajectory row values (_trajectory_values, previews)", r"^_trajectory_values "),
-    ("span rows: JSON of `data` (records.span_row)", r"^(span_row|span_record) "),
+    ("span rows: JSON of `data` (records.span_row)", r"^span_row "),
     ("COPY spans (psycopg copy.write_row)", r"^(write_row|write|_write_gen) \(.*psycopg"),
     ("insert and update trajectories (… FROM jsonb_to_recordset)", r"^(_trajectories_insert|_trajectories_update) "),
     ("claim the batch, read its body", r"^_batch_claim "),

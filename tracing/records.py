@@ -165,22 +165,19 @@ def span_row(span: Span) -> tuple[Any, ...]:
     if counts:
         data["usage"] = counts
     cost = span.cost_usd
-    model = span.model
-    tool_name = span.tool_name
-    span_name = span.name
     return (
         span.trace_id,
         span.span_id,
         span.parent_span_id or "",
-        span_name[:1000],
+        span.name[:1000],
         span.kind,
         span.span_type,
         span.status,
         span.status_message,
         span.start_time_ns,
         span.end_time_ns,
-        (model or "")[:300],
-        (tool_name or "")[:300],
+        (span.model or "")[:300],
+        (span.tool_name or "")[:300],
         _int_column(usage.input_tokens),
         _int_column(usage.output_tokens),
         _int_column(usage.total_tokens),

@@ -63,7 +63,7 @@ from tracing.models import (
     ToolResultShape,
     Trajectory,
 )
-from tracing.records import json_dumps, span_from_record, span_record, span_row
+from tracing.records import RECORD_COLUMNS, json_dumps, span_from_record, span_row
 from tracing.steps import Totals, TrajectoryView, trajectory_view_build, view_document_json
 
 logger = logging.getLogger("tracing.services")
@@ -423,10 +423,10 @@ def ingest_spans_accept(*, api_key: ApiKey, spans: Sequence[otlp.Span]) -> int |
 
 
 def _span_document(span: otlp.Span) -> dict[str, Any]:
-    record = span_record(span)
-    document = {item.name: getattr(record, item.name) for item in dataclasses.fields(record) if item.name != "data"}
-    document["cost_usd"] = None if record.cost_usd is None else str(record.cost_usd)
-    document["data"] = record.data
+    *columns, data = span_row(span)
+    document = dict(zip(RECORD_COLUMNS, columns, strict=True))
+    document["cost_usd"] = None if document["cost_usd"] is None else str(document["cost_usd"])
+    document["data"] = data
     return document
 
 

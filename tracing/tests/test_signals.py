@@ -850,7 +850,7 @@ def test_normalized_text_has_the_words_the_documented_pattern_finds(text: str) -
     lowered = text.lower()
     if not lowered.isascii():
         lowered = lowered.translate(signals._QUOTES)
-    words = re.findall(r"[\w']+", lowered)
+    words = signals._WORD.findall(lowered)
     assert signals._normalize(text) == (" " + " ".join(words) + " " if words else " ")
 
 
