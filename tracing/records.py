@@ -8,8 +8,9 @@ to write than a dozen JSON columns. `span_from_record(span_record(span))` gives 
 from __future__ import annotations
 
 import base64
+import logging
 import operator
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final
@@ -58,6 +59,12 @@ _LEFT_OUT_EMPTY: Final = frozenset(
         "finish_reasons",
     }
 )
+
+
+# The key of `data` that names the span whose input a span's input goes on from (`InputHistories`).
+INPUT_FROM: Final = "input_from"
+
+logger = logging.getLogger(__name__)
 
 
 # The columns of a stored span that `span_from_record` reads (with `data`), in SpanRecord's order.
@@ -131,17 +138,25 @@ def _int_column(value: int | None) -> int | None:
     return value
 
 
-def span_row(span: Span) -> tuple[Any, ...]:
+def span_row(span: Span, input_from: tuple[str, int] | None = None) -> tuple[Any, ...]:
     """A span's SpanRecord as a tuple, in its fields' order: what ingest writes, without building the record.
 
     `data` leaves out a field that holds None or is empty, which `span_from_record` reads back the same
     (a tool span's arguments and result aside: there, no key means the input's or the output's). The
-    ingest benchmark's spans have 1,793 bytes of `data` on average, against 2,158 with every key written.
+    ingest benchmark's spans have 1,793 bytes of `data` on average, against 2,158 with every key written
+    (1,292 with `input_from`).
+
+    With `input_from` (a span id and a count, from `InputHistories.input_from`), the span's input is a
+    list whose first `count` items are that span's input: `data` keeps only the items after them, and
+    names the span under `input_from`. `spans_from_records` reads them back whole.
     """
     data: dict[str, Any] = {}
     for name, value in zip(_DATA_FIELDS, _data_values(span), strict=True):
         if value is not None and (value or name not in _LEFT_OUT_EMPTY):
             data[name] = value
+    if input_from is not None:
+        data["input"] = span.input[input_from[1] :]
+        data[INPUT_FROM] = list(input_from)
     # A tool span's arguments and result are, as mapped, the very objects of its input and output: kept
     # once, under `input` and `output`. A row without the key reads them back from there; None is kept.
     if span.input is None or span.tool_arguments is not span.input:
@@ -190,8 +205,80 @@ def span_record(span: Span) -> SpanRecord:
     return SpanRecord(*span_row(span))
 
 
+class InputHistories:
+    """Which span, among the spans of one trace written together, a span's input goes on from.
+
+    Each call of an agent's loop sends the whole dialogue so far: the trace's previous call's messages,
+    then its answer and the tool results. Written whole, a trajectory of n calls stores about n²/2
+    messages; in the ingest benchmark's requests, 512 of the 1,793 bytes of `data` per span repeated an
+    earlier call's messages; written as what each call adds, 1,292 bytes. `tracing.otlp.map_spans` gives
+    a history that goes on from an earlier one the very message objects of that one: the id of an earlier
+    input's last message finds it, and comparing the same objects costs no more than comparing pointers.
+
+    Only spans stored in the same statement are named, so a row never names one that is not there.
+    """
+
+    __slots__ = ("_ends",)
+
+    def __init__(self) -> None:
+        # id of the last item of an input seen -> (its span id, the input); the input keeps the id alive.
+        self._ends: dict[int, tuple[str, list[Any]]] = {}
+
+    def input_from(self, span: Span) -> tuple[str, int] | None:
+        """(span id, count) of the longest input seen so far that starts the span's input, shorter than
+        it; None when none does. Then remembers the span's input for the spans after it."""
+        items = span.input
+        # A tool span's input is also its arguments (`span_row` keeps them once): left whole.
+        if type(items) is not list or not items or span.tool_arguments is items:
+            return None
+        ends = self._ends
+        found = None
+        for size in range(len(items) - 1, 0, -1):
+            seen = ends.get(id(items[size - 1]))
+            # The same objects compare equal at once; equal values found otherwise are as good a start.
+            if seen is not None and len(seen[1]) == size and seen[1] == items[:size]:
+                found = (seen[0], size)
+                break
+        ends[id(items[-1])] = (span.span_id, items)
+        return found
+
+
+def spans_from_records(records: Iterable[tuple[Mapping[str, Any], dict[str, Any]]]) -> list[Span]:
+    """Rebuild spans from rows' columns (as named in SpanRecord) and their decoded `data`, which this
+    completes: an input stored as what it adds to another span's (`input_from`) is read whole, from that
+    span among `records`, which holds every span of each trace it has a span of."""
+    records = list(records)
+    by_span = {(columns["trace_id"], columns["span_id"]): data for columns, data in records}
+    for columns, data in records:
+        if INPUT_FROM in data:
+            _input_complete(columns["trace_id"], data, by_span)
+    return [span_from_record(columns, data) for columns, data in records]
+
+
+def _input_complete(trace_id: str, data: dict[str, Any], by_span: Mapping[tuple[str, str], dict[str, Any]]) -> None:
+    """Put the whole input in `data`, and in each data it goes on from (nearest last)."""
+    chain = [data]
+    while True:
+        span_id = chain[-1][INPUT_FROM][0]
+        base = by_span.get((trace_id, span_id))
+        if base is None or INPUT_FROM not in base or any(base is item for item in chain):
+            break
+        chain.append(base)
+    for item in reversed(chain):
+        span_id, count = item.pop(INPUT_FROM)
+        base = by_span.get((trace_id, span_id))
+        before = base.get("input") if base is not None and INPUT_FROM not in base else None
+        if type(before) is not list or len(before) < count:
+            # Ingest writes a span with the one it names, in one statement, and spans leave with their
+            # trace: this is a row written some other way. Its input is what it added.
+            logger.warning("tracing.span_input_base_missing", extra={"trace_id": trace_id, "span_id": span_id})
+            continue
+        item["input"] = [*before[:count], *(item.get("input") or ())]
+
+
 def span_from_record(columns: Mapping[str, Any], data: Mapping[str, Any]) -> Span:
-    """Rebuild a span from a row's columns (as named in SpanRecord) and its decoded `data`."""
+    """Rebuild a span from a row's columns (as named in SpanRecord) and its decoded `data`, its input
+    complete (`spans_from_records` completes one that names `input_from`)."""
     usage = data.get("usage") or {}
     cost = columns.get("cost_usd")
     return Span(

@@ -30,7 +30,7 @@ from tracing.models import (
     Trajectory,
     TrajectoryStatus,
 )
-from tracing.records import RECORD_COLUMNS, span_from_record
+from tracing.records import RECORD_COLUMNS, spans_from_records
 from tracing.replay_diff import ReplayDiff, replay_diff
 from tracing.steps import TrajectoryView, trajectory_view_build, view_document_json
 
@@ -214,8 +214,8 @@ def trace_spans(*, workspace_id: int, trace_ids: Collection[str]) -> dict[str, l
     if not found:
         return found
     rows = Span.objects.filter(workspace_id=workspace_id, trace_id__in=list(found)).values_list(*RECORD_COLUMNS, "data")
-    for *columns, data in rows:
-        span = span_from_record(dict(zip(RECORD_COLUMNS, columns, strict=True)), orjson.loads(data))
+    records = ((dict(zip(RECORD_COLUMNS, columns, strict=True)), orjson.loads(data)) for *columns, data in rows)
+    for span in spans_from_records(records):
         found[span.trace_id].append(span)
     return found
 

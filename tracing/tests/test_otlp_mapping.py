@@ -1118,3 +1118,79 @@ def test_a_rows_data_leaves_out_what_is_empty_and_reads_it_back_as_mapped() -> N
     assert (data["reward"], data["input"], data["output"], data["task_id"]) == (0.0, [], "", "")
     assert data["tool_arguments"] is None
     assert records.span_from_record(columns, data) == kept
+
+
+def _history_spans() -> list[otlp.Span]:
+    """A trace's three model calls, each sending the dialogue so far, and a tool call between, as mapped."""
+    history: list[dict[str, Any]] = [{"role": "user", "content": "Where is order A-2?"}]
+    raws = []
+    for number in range(3):
+        raws.append(
+            raw_span(
+                {"gen_ai.operation.name": "chat", "gen_ai.input.messages": json.dumps(history)},
+                span_id=f"{number:016x}",
+            )
+        )
+        if number == 0:
+            arguments = json.dumps([{"order": "A-2"}])
+            raws.append(
+                raw_span(
+                    {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.call.arguments": arguments},
+                    span_id="00000000000000ff",
+                )
+            )
+        history = [*history, {"role": "assistant", "content": f"Looking ({number})"}]
+    return otlp.map_spans(raws)
+
+
+def _row_records(rows: list[tuple[Any, ...]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    return [(dict(zip(records.RECORD_COLUMNS, row[:-1], strict=True)), json.loads(row[-1])) for row in rows]
+
+
+def test_a_history_is_written_as_what_each_call_adds_and_read_back_whole() -> None:
+    spans = _history_spans()
+    histories = records.InputHistories()
+    rows = [records.span_row(span, histories.input_from(span)) for span in spans]
+    data = [json.loads(row[-1]) for row in rows]
+
+    first, tool, second, third = data
+    assert records.INPUT_FROM not in first
+    assert first["input"] == spans[0].input
+    # The tool span's input is its arguments, kept once: left whole.
+    assert records.INPUT_FROM not in tool
+    assert tool["input"] == [{"order": "A-2"}]
+    assert second[records.INPUT_FROM] == [spans[0].span_id, 1]
+    assert second["input"] == [{"role": "assistant", "content": "Looking (0)"}]
+    assert third[records.INPUT_FROM] == [spans[2].span_id, 2]
+    assert third["input"] == [{"role": "assistant", "content": "Looking (1)"}]
+
+    # Read back in any order, each input is whole again.
+    read = records.spans_from_records(reversed(_row_records(rows)))
+    assert list(reversed(read)) == spans
+
+
+def test_only_an_input_that_starts_with_the_very_messages_of_an_earlier_one_is_written_as_its_addition() -> None:
+    first, _, second, _ = _history_spans()
+    histories = records.InputHistories()
+    assert histories.input_from(first) is None
+    # Equal messages, but parsed again (another request): written whole.
+    copied = dataclasses.replace(second, input=json.loads(json.dumps(second.input)))
+    assert histories.input_from(copied) is None
+    # The same history sent again adds nothing: written whole, not as an empty addition. The latest of
+    # equal histories is the one named.
+    again = dataclasses.replace(first, span_id="00000000000000aa")
+    assert histories.input_from(again) is None
+    assert histories.input_from(second) == (again.span_id, 1)
+
+
+def test_a_row_whose_earlier_span_is_missing_reads_back_what_it_added(caplog) -> None:
+    spans = _history_spans()
+    histories = records.InputHistories()
+    rows = [records.span_row(span, histories.input_from(span)) for span in spans]
+
+    read = records.spans_from_records(_row_records(rows[1:]))
+
+    assert read[0] == spans[1]
+    assert read[1].input == [{"role": "assistant", "content": "Looking (0)"}]
+    assert read[2].input == [{"role": "assistant", "content": "Looking (1)"}]
+    assert [record.message for record in caplog.records] == ["tracing.span_input_base_missing"] * 2

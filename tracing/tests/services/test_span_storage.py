@@ -17,7 +17,8 @@ from agent_registry import services as registry_services
 from agent_registry.models import Workspace
 from tracing import otlp, selectors, services
 from tracing.models import Span, Trajectory
-from tracing.tests.agent_traces import refund_conversation
+from tracing.records import INPUT_FROM
+from tracing.tests.agent_traces import long_conversation, refund_conversation
 
 pytestmark = pytest.mark.django_db
 
@@ -51,6 +52,31 @@ def test_span_rows_keep_every_value_as_mapped(otel, workspace):
     stored = selectors.trace_spans(workspace_id=workspace.pk, trace_ids=[trace_id])[trace_id]
     for span in stored:
         # Every field comes back as mapped; ingest adds the cost (litellm's price of the model call).
+        assert span.with_cost(mapped[span.span_id].cost_usd) == mapped[span.span_id]
+
+
+def test_each_model_call_is_stored_as_what_it_adds_to_the_history_and_read_back_whole(otel, workspace):
+    trace_id = long_conversation(otel.tracer(), turns=6)
+    mapped = {span.span_id: span for span in otel.spans()}
+    api_key, _ = registry_services.apikey_create(workspace=workspace, name="k", scopes=["ingest"])
+    services.ingest_otlp_accept(
+        api_key=api_key, body=otel.protobuf(), content_type="application/x-protobuf", content_encoding=""
+    )
+
+    rows = dict(Span.objects.filter(workspace=workspace, trace_id=trace_id).values_list("span_id", "data"))
+    stored_data = {span_id: orjson.loads(data) for span_id, data in rows.items()}
+    continued = {span_id: data for span_id, data in stored_data.items() if INPUT_FROM in data}
+    calls = [span for span in mapped.values() if span.span_type == "generation"]
+    assert len(calls) == 6
+    assert len(continued) == 5
+    for span_id, data in continued.items():
+        earlier, count = data[INPUT_FROM]
+        # The user's question, then an answer and a tool result per earlier call.
+        assert count == len(mapped[earlier].input) == len(mapped[span_id].input) - 2
+        assert data["input"] == mapped[span_id].input[count:]
+    stored = selectors.trace_spans(workspace_id=workspace.pk, trace_ids=[trace_id])[trace_id]
+    assert len(stored) == len(mapped) == 13
+    for span in stored:
         assert span.with_cost(mapped[span.span_id].cost_usd) == mapped[span.span_id]
 
 
