@@ -63,7 +63,7 @@ from tracing.models import (
     ToolResultShape,
     Trajectory,
 )
-from tracing.records import RECORD_COLUMNS, InputHistories, json_dumps, span_from_record, span_row
+from tracing.records import RECORD_COLUMNS, InputHistories, Resources, json_dumps, span_from_record, span_row
 from tracing.steps import Totals, TrajectoryView, trajectory_view_build, view_document_json
 
 logger = logging.getLogger("tracing.services")
@@ -955,6 +955,7 @@ class _BatchWrite:
         fresh = assembled.fresh
         self.new_spans.extend(fresh)
         histories = InputHistories()
+        resources = Resources()
         for span in fresh:
             prompt_version_id = (
                 self.prompt_versions.get((span.prompt_name, span.prompt_version or "production"))
@@ -965,7 +966,7 @@ class _BatchWrite:
                 self.trajectory_prompts.add((trajectory_id, prompt_version_id))
             # The row's columns in _SPAN_COLUMNS' order: the record's (RECORD_COLUMNS, then data) with the
             # workspace, the trajectory, the prompt version and the time around them.
-            record = span_row(span, histories.input_from(span))
+            record = span_row(span, histories.input_from(span), resources.resource_from(span))
             self.span_rows.append(
                 (self.workspace_id, trajectory_id, *record[:-1], prompt_version_id, record[-1], self.now)
             )

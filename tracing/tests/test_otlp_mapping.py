@@ -1194,3 +1194,49 @@ def test_a_row_whose_earlier_span_is_missing_reads_back_what_it_added(caplog) ->
     assert read[1].input == [{"role": "assistant", "content": "Looking (0)"}]
     assert read[2].input == [{"role": "assistant", "content": "Looking (1)"}]
     assert [record.message for record in caplog.records] == ["tracing.span_input_base_missing"] * 2
+
+
+def test_a_traces_spans_of_one_resource_and_scope_keep_them_once_and_read_them_back() -> None:
+    resource = {"service.name": "support-agent", "telemetry.sdk.name": "opentelemetry"}
+    billing = {"service.name": "billing"}
+    sent = [(resource, "agents"), (resource, "agents"), (resource, "tools"), (billing, "agents"), (resource, "tools")]
+    raws = [
+        raw_span(
+            {"gen_ai.operation.name": "chat"},
+            span_id=f"{number:016x}",
+            resource_attributes=attributes,
+            scope_name=scope,
+        )
+        for number, (attributes, scope) in enumerate(sent)
+    ]
+    spans = otlp.map_spans(raws)
+    resources = records.Resources()
+    rows = [records.span_row(span, None, resources.resource_from(span)) for span in spans]
+    data = [json.loads(row[-1]) for row in rows]
+
+    assert [item.get(records.RESOURCE_FROM) for item in data] == [None, spans[0].span_id, None, None, spans[2].span_id]
+    for item in (data[1], data[4]):
+        assert not {"service_name", "resource_attributes", "scope_name", "scope_version"} & set(item)
+    assert data[0]["resource_attributes"] == resource
+    assert records.spans_from_records(reversed(_row_records(rows))) == list(reversed(spans))
+    # Equal attributes of another resource (another request) are not the same dict: kept whole.
+    copied = dataclasses.replace(spans[1], resource_attributes=dict(resource))
+    assert resources.resource_from(copied) is None
+
+
+def test_a_row_whose_resource_span_is_missing_reads_back_without_resource(caplog) -> None:
+    resource = {"service.name": "support-agent"}
+    spans = otlp.map_spans(
+        [
+            raw_span({}, span_id=f"{number:016x}", resource_attributes=resource, scope_name="agents")
+            for number in range(2)
+        ]
+    )
+    resources = records.Resources()
+    rows = [records.span_row(span, None, resources.resource_from(span)) for span in spans]
+
+    (read,) = records.spans_from_records(_row_records(rows[1:]))
+
+    assert (read.resource_attributes, read.scope_name, read.service_name) == ({}, "", None)
+    assert read == dataclasses.replace(spans[1], resource_attributes={}, scope_name="", service_name=None)
+    assert [record.message for record in caplog.records] == ["tracing.span_resource_missing"]

@@ -17,7 +17,7 @@ from agent_registry import services as registry_services
 from agent_registry.models import Workspace
 from tracing import otlp, selectors, services
 from tracing.models import Span, Trajectory
-from tracing.records import INPUT_FROM
+from tracing.records import INPUT_FROM, RESOURCE_FROM
 from tracing.tests.agent_traces import long_conversation, refund_conversation
 
 pytestmark = pytest.mark.django_db
@@ -74,6 +74,10 @@ def test_each_model_call_is_stored_as_what_it_adds_to_the_history_and_read_back_
         # The user's question, then an answer and a tool result per earlier call.
         assert count == len(mapped[earlier].input) == len(mapped[span_id].input) - 2
         assert data["input"] == mapped[span_id].input[count:]
+    # The spans share their resource and scope: the first keeps them, the others name it.
+    kept = [span_id for span_id, data in stored_data.items() if RESOURCE_FROM not in data]
+    assert len(kept) == 1
+    assert {data[RESOURCE_FROM] for data in stored_data.values() if RESOURCE_FROM in data} == set(kept)
     stored = selectors.trace_spans(workspace_id=workspace.pk, trace_ids=[trace_id])[trace_id]
     assert len(stored) == len(mapped) == 13
     for span in stored:
