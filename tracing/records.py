@@ -291,6 +291,14 @@ class Resources:
         return None
 
 
+def trace_span_rows(spans: Iterable[Span]) -> list[tuple[Any, ...]]:
+    """The rows (`span_row`) of spans of one trace written in one statement: a span whose input goes on
+    from, or whose resource and scope are, an earlier one's names that span rather than repeating it."""
+    histories = InputHistories()
+    resources = Resources()
+    return [span_row(span, histories.input_from(span), resources.resource_from(span)) for span in spans]
+
+
 def spans_from_records(records: Iterable[tuple[Mapping[str, Any], dict[str, Any]]]) -> list[Span]:
     """Rebuild spans from rows' columns (as named in SpanRecord) and their decoded `data`, which this
     completes: an input stored as what it adds to another span's (`input_from`) is read whole, and a

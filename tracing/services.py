@@ -63,7 +63,7 @@ from tracing.models import (
     ToolResultShape,
     Trajectory,
 )
-from tracing.records import RECORD_COLUMNS, InputHistories, Resources, json_dumps, span_from_record, span_row
+from tracing.records import RECORD_COLUMNS, json_dumps, span_from_record, span_row, trace_span_rows
 from tracing.steps import Totals, TrajectoryView, trajectory_view_build, view_document_json
 
 logger = logging.getLogger("tracing.services")
@@ -954,9 +954,7 @@ class _BatchWrite:
             self.shape_counts[agent_id, tool_name, key] += 1
         fresh = assembled.fresh
         self.new_spans.extend(fresh)
-        histories = InputHistories()
-        resources = Resources()
-        for span in fresh:
+        for span, record in zip(fresh, trace_span_rows(fresh), strict=True):
             prompt_version_id = (
                 self.prompt_versions.get((span.prompt_name, span.prompt_version or "production"))
                 if span.prompt_name
@@ -966,7 +964,6 @@ class _BatchWrite:
                 self.trajectory_prompts.add((trajectory_id, prompt_version_id))
             # The row's columns in _SPAN_COLUMNS' order: the record's (RECORD_COLUMNS, then data) with the
             # workspace, the trajectory, the prompt version and the time around them.
-            record = span_row(span, histories.input_from(span), resources.resource_from(span))
             self.span_rows.append(
                 (self.workspace_id, trajectory_id, *record[:-1], prompt_version_id, record[-1], self.now)
             )
