@@ -740,18 +740,21 @@ def unpriced_calls(nodes: Iterable[CostNode]) -> tuple[int, tuple[str, ...]]:
     return len(unpriced), tuple(sorted({node.model for node in unpriced if node.model}))
 
 
+def _billed(span: Span) -> bool:
+    return model_call_billed(span_type=span.span_type, status=span.status, has_usage=not span.usage.is_empty)
+
+
 def _totals(tree: _Tree, steps: list[Step], tool_calls: list[ToolCall]) -> Totals:
     usage, cost = _own_figures(tree)
-    unpriced_count, unpriced_models = unpriced_calls(
-        CostNode(
-            span.span_id,
-            parent,
-            model_call_billed(span_type=span.span_type, status=span.status, has_usage=not span.usage.is_empty),
-            span.cost_usd is not None,
-            span.model,
+    unpriced_count = 0
+    unpriced_models: tuple[str, ...] = ()
+    # Only a billed call without a cost of its own can be unpriced: the tree is walked only for a trajectory
+    # that has one. Ingest prices every call of a known model, so most have none.
+    if any(span.cost_usd is None and _billed(span) for span, _, _ in tree.ordered):
+        unpriced_count, unpriced_models = unpriced_calls(
+            CostNode(span.span_id, parent, _billed(span), span.cost_usd is not None, span.model)
+            for span, _, parent in tree.ordered
         )
-        for span, _, parent in tree.ordered
-    )
     input_tokens = output_tokens = total_tokens = cache_read = reasoning = 0
     for figures in usage.values():
         input_tokens += figures.input_tokens or 0
