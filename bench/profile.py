@@ -43,7 +43,7 @@ PIPELINE_STAGES: tuple[tuple[str, str], ...] = (
     ("trajectory row values (_trajectory_values, previews)", r"^_trajectory_values "),
     ("span rows: JSON of `data` (records.span_row)", r"^span_row "),
     ("COPY spans (psycopg copy.write_row)", r"^(write_row|write|_write_gen) \(.*psycopg"),
-    ("insert and update trajectories (… FROM jsonb_to_recordset)", r"^(_trajectories_insert|_trajectories_update) "),
+    ("insert and update trajectories (… FROM json_to_recordset)", r"^(_trajectories_insert|_trajectories_update) "),
     ("claim the batch, read its body", r"^_batch_claim "),
     ("other SQL and commit (psycopg)", r"psycopg/"),
     ("other of spans_write", r"^(span_batch_process|spans_write|_batch_spans|ingest_otlp_accept) "),
