@@ -132,34 +132,4 @@ def pytest_collection_modifyitems(items):
             or "transactional_db" in getattr(item, "fixturenames", ())
         )
 
-    rolled_back = [item for item in items if not commits(item)]
-    items[:] = rolled_back + _process_modules_spread([item for item in items if commits(item)])
-
-
-def _process_modules_spread(items: list[pytest.Item]) -> list[pytest.Item]:
-    """The same tests, with the modules of `processes` tests spread out among the others.
-
-    Those take one lock in turn (`_one_process_test_at_a_time`). Next to each other at the end of the run,
-    both pytest workers ran them, one waiting for the other's lock with its core idle; spread out, the
-    worker without the lock mostly has other tests to run. A module's tests stay together, in their order,
-    so its module-scoped fixtures (servers, Celery workers) start once per worker."""
-    modules: dict[str, list[pytest.Item]] = {}
-    for item in items:
-        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
-    process: list[list[pytest.Item]] = []
-    others: list[list[pytest.Item]] = []
-    for group in modules.values():
-        (process if any(item.get_closest_marker("processes") for item in group) else others).append(group)
-    # The k-th process module goes before the other module at k / len(process) of the way through them.
-    before: dict[int, list[list[pytest.Item]]] = {}
-    for number, group in enumerate(process):
-        before.setdefault(number * len(others) // len(process), []).append(group)
-    ordered: list[pytest.Item] = []
-    for number, group in enumerate(others):
-        for process_group in before.pop(number, []):
-            ordered.extend(process_group)
-        ordered.extend(group)
-    for groups in before.values():
-        for process_group in groups:
-            ordered.extend(process_group)
-    return ordered
+    items[:] = sorted(items, key=commits)  # stable: each group keeps its order
