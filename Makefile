@@ -1,11 +1,15 @@
 # Keel: `make run` starts everything on embedded defaults; `make test` runs every check CI runs.
 SHELL := /bin/bash
-# The virtualenv's interpreter: Debian's own Python 3.11 where the machine has it, else the first python3.11
-# on the PATH. Debian builds it with profile-guided and link-time optimization, libpython linked into the
-# executable; pyenv builds neither by default, and a shared libpython. On one host, in turns, the web used
-# 12 % less CPU per stored span in the ingest benchmark on Debian's, 17 % less in process (bench/RESULTS.md,
-# 2026-12-01). An existing .venv keeps its interpreter: remove it to change.
-PYTHON ?= $(firstword $(wildcard /usr/bin/python3.11) python3.11)
+# The virtualenv's interpreter: Debian's own Python 3.11 where the machine has it with what a virtualenv and
+# the compiled modules need (ensurepip, Python.h), else the first python3.11 on the PATH. Debian builds it
+# with profile-guided and link-time optimization, libpython linked into the executable; pyenv builds neither
+# by default, and a shared libpython. On one host, in turns, the web used 12 % less CPU per stored span in
+# the ingest benchmark on Debian's, 17 % less in process (bench/RESULTS.md, 2026-12-01). An existing .venv
+# keeps its interpreter: remove it to change.
+DEBIAN_PYTHON := /usr/bin/python3.11
+PYTHON ?= $(shell $(DEBIAN_PYTHON) -c 'import ensurepip, os, sysconfig; \
+	raise SystemExit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+	2>/dev/null && echo $(DEBIAN_PYTHON) || echo python3.11)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
