@@ -15,16 +15,20 @@ What runs (all on this machine, which has 2 cores):
   (bench/workload.py: 50 trajectories × 10 spans = 500 spans, ~0.85 MB, new trace ids each time) to
   `/v1/traces` at an offered rate; a 429/503 is retried after its Retry-After (1 s when absent).
 
-Two phases per system:
+Phases per system:
 1. `target`: the issue's target rate (20,000 spans/s offered) for `--duration` seconds. Durable
    spans/s = rows in the span table counted at the start and the end of the steady-state window
    (after `--warmup`), divided by its length. Counted are the rows above the table's highest id when
    the phase began, as the phase goes (`DurableCount`: each count reads only the newest rows, and one
    count of all of them checks it after the drain). Then the backlog (acknowledged − stored), and how
    long it takes to drain.
-2. `sustainable`: 80 % of what phase 1 showed the system can store (its durable rate, or the rate
-   at which it drained the backlog once the load stopped, whichever is higher), for half the
-   duration: the time from acknowledgement to queryable at a load the system keeps up with.
+2. `capacity`, only when the system kept up with the target (its backlog drained): 150 % of the
+   target rate (`--capacity-share`) for `--duration`. A system that keeps up stores what is offered,
+   so the target phase can show at most the target; this phase shows how far past it the system goes.
+3. `sustainable`: 80 % of what the phases before showed the system can store (their highest durable
+   rate, or the rate at which the target phase's backlog drained once the load stopped, whichever is
+   higher), for half the duration: the time from acknowledgement to queryable at a load the system
+   keeps up with.
 Time to queryable: 3 trajectories of every acknowledged request (the first, middle and last) are
 polled every `--poll` seconds (0.1) until the trajectory has all its 10 spans in the database
 (Keel: its `tracing_trajectory` row with span_count ≥ 10 and 10 `tracing_span` rows; Phoenix: its
@@ -80,6 +84,8 @@ class Options:
     duration: float
     warmup: float
     rate: float
+    # The capacity phase offers rate × capacity_share (none when it is 1 or less).
+    capacity_share: float
     sustainable_share: float
     connections: int
     processes: int
@@ -589,26 +595,35 @@ def phase_run(
 def phases_run(
     start: Callable[[], contextlib.AbstractContextManager[Target]], options: Options, templates: list[Template]
 ) -> list[Phase]:
-    """The target phase, then the sustainable one. When the target phase's backlog did not drain, the
-    system is started again on a fresh database first (Phoenix's queue is in memory: it loses it)."""
+    """The target phase; the capacity phase if the system kept up with the target; then the sustainable
+    one. When the last phase's backlog did not drain, the system is started again on a fresh database
+    first (Phoenix's queue is in memory: it loses it)."""
     with start() as target:
         print(f"[{target.name}] target: {options.rate:,.0f} spans/s offered for {options.duration:.0f} s", flush=True)
-        first = phase_run(target, "target", options.rate, options.duration, options, templates, options.profile)
-        _phase_print(first)
+        phases = [phase_run(target, "target", options.rate, options.duration, options, templates, options.profile)]
+        _phase_print(phases[0])
+        if phases[0].drained and options.capacity_share > 1:
+            rate = options.rate * options.capacity_share
+            print(f"[{target.name}] capacity: {rate:,.0f} spans/s offered for {options.duration:.0f} s", flush=True)
+            phases.append(phase_run(target, "capacity", rate, options.duration, options, templates))
+            _phase_print(phases[-1])
         # What the system stores with the web busy (durable) or idle (drain rate), whichever is higher.
-        capacity = max(first.durable, 0.0 if math.isnan(first.drain_rate) else first.drain_rate)
+        capacity = max(phase.durable for phase in phases)
+        if not math.isnan(phases[0].drain_rate):
+            capacity = max(capacity, phases[0].drain_rate)
         sustainable = max(capacity * options.sustainable_share, 50.0)
         duration = max(10.0, options.duration / 2)
-        if first.drained:
+        kept_up = phases[-1].drained
+        if kept_up:
             print(f"[{target.name}] sustainable: {sustainable:,.0f} spans/s offered", flush=True)
-            second = phase_run(target, "sustainable", sustainable, duration, options, templates)
-    if not first.drained:
+            phases.append(phase_run(target, "sustainable", sustainable, duration, options, templates))
+    if not kept_up:
         with start() as target:
             print(f"[{target.name}] sustainable (restarted): {sustainable:,.0f} spans/s offered", flush=True)
-            second = phase_run(target, "sustainable", sustainable, duration, options, templates)
-            second.note = "restarted on a fresh database: the target phase's backlog had not drained"
-    _phase_print(second)
-    return [first, second]
+            phases.append(phase_run(target, "sustainable", sustainable, duration, options, templates))
+            phases[-1].note = f"restarted on a fresh database: the {phases[-2].label} phase's backlog had not drained"
+    _phase_print(phases[-1])
+    return phases
 
 
 def _phase_print(phase: Phase) -> None:
@@ -763,6 +778,43 @@ def _status_text(status: dict[int, int]) -> str:
     return ", ".join(f"{names.get(code, code)}: {count}" for code, count in sorted(status.items()))
 
 
+def _most_durable(phases: Sequence[Phase], system: str) -> Phase | None:
+    """The phase under load (target or capacity) in which `system` stored the most spans per second."""
+    loaded = [phase for phase in phases if phase.system == system and phase.label in ("target", "capacity")]
+    return max(loaded, key=lambda phase: phase.durable, default=None)
+
+
+def _verdict(phases: Sequence[Phase]) -> str:
+    """Keel's figures against the issue's targets: its highest durable rate under load, and its worst ack→queryable
+    p99 at a load it keeps up with (the target's and the sustainable one)."""
+    most = _most_durable(phases, "Keel")
+    kept_up = [phase for phase in phases if phase.system == "Keel" and phase.label in ("target", "sustainable")]
+    if most is None or not kept_up:
+        return ""
+    worst = max(kept_up, key=lambda phase: percentile(phase.latencies, 0.99))
+    p99 = percentile(worst.latencies, 0.99)
+    durable_verdict = "meets" if most.durable >= TARGET_SPANS_PER_SECOND else "**below**"
+    p99_verdict = "meets" if p99 <= TARGET_P99_SECONDS else "**above**"
+    return (
+        f"Against the issue's targets: Keel stored **{_rate(most.durable)} durable spans/s** at the most (its "
+        f"{most.label} phase, {_rate(most.offered)} offered): {durable_verdict} ≥ {TARGET_SPANS_PER_SECOND:,}. "
+        f"Its ack→queryable p99 was at worst **{_seconds(p99)}** ({worst.label} phase): {p99_verdict} "
+        f"≤ {TARGET_P99_SECONDS:.0f} s."
+    )
+
+
+def _most_row(phases: Sequence[Phase]) -> list[str]:
+    keel, peer = _most_durable(phases, "Keel"), _most_durable(phases, "Phoenix")
+    keel_rate = keel.durable if keel else math.nan
+    peer_rate = peer.durable if peer else math.nan
+    return [
+        "durable spans/s at the most (the capacity phase; the target phase for a system that did not keep up)",
+        _rate(keel_rate) + (f" ({keel.label})" if keel else ""),
+        _rate(peer_rate) + (f" ({peer.label})" if peer else ""),
+        _ratio(keel_rate, peer_rate),
+    ]
+
+
 def report_phases(report: Report, phases: Sequence[Phase], options: Options) -> None:
     report.table(
         [
@@ -810,6 +862,7 @@ def report_phases(report: Report, phases: Sequence[Phase], options: Options) -> 
                 _rate(phoenix_target_phase.durable),
                 _ratio(keel_target_phase.durable, phoenix_target_phase.durable),
             ],
+            _most_row(phases),
             [
                 "spans/s stored while draining the backlog (no requests coming in)",
                 _rate(keel_target_phase.drain_rate),
@@ -883,6 +936,10 @@ def report_phases(report: Report, phases: Sequence[Phase], options: Options) -> 
         )
     )
     report.line()
+    verdict = _verdict(phases)
+    if verdict:
+        report.line(verdict)
+        report.line()
     report.line(
         "Durable counts checked after each phase (rows counted as the phase went against one count of all the "
         "phase's rows, in one snapshot): "
@@ -904,8 +961,10 @@ def run(report: Report, *, quick: bool = False, options: Options | None = None) 
         f"per request (~0.85 MB), {options.processes} generator processes × "
         f"{options.connections // options.processes} keep-alive connections; target phase "
         f"{options.rate:,.0f} spans/s offered for {options.duration:.0f} s (steady-state window after "
-        f"{options.warmup:.0f} s), sustainable phase at {options.sustainable_share:.0%} of the higher of the target "
-        f"phase's durable rate and its drain rate, for {max(10.0, options.duration / 2):.0f} s. Time to queryable: "
+        f"{options.warmup:.0f} s); for a system that kept up with it, a capacity phase at "
+        f"{options.rate * options.capacity_share:,.0f} spans/s offered for as long; a sustainable phase at "
+        f"{options.sustainable_share:.0%} of the highest durable rate before it (or the target phase's drain rate, if "
+        f"higher), for {max(10.0, options.duration / 2):.0f} s. Time to queryable: "
         f"{len(SAMPLES_PER_REQUEST)} trajectories per acknowledged request, polled every "
         f"{options.poll * 1000:.0f} ms (resolution: one poll interval + the poll query). "
         f"Issue target: ≥ {TARGET_SPANS_PER_SECOND:,} durable spans/s and p99 ≤ {TARGET_P99_SECONDS:.0f} s."
@@ -946,6 +1005,7 @@ def options_default(quick: bool) -> Options:
         duration=15 if quick else 60,
         warmup=3 if quick else 10,
         rate=TARGET_SPANS_PER_SECOND,
+        capacity_share=1.5,
         sustainable_share=0.8,
         connections=8,
         processes=2,
@@ -963,6 +1023,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a short run for smoke-testing")
     parser.add_argument("--duration", type=float, help="seconds of load in the target phase (60)")
     parser.add_argument("--rate", type=float, help="offered spans/s in the target phase (20000; 0 = as fast as acked)")
+    parser.add_argument(
+        "--capacity-share", type=float, help="the capacity phase's offered rate as a multiple of --rate (1.5; 0: none)"
+    )
     parser.add_argument("--warmup", type=float, help="seconds before the steady-state window opens (10)")
     parser.add_argument("--connections", type=int, help="keep-alive connections in all (8)")
     parser.add_argument("--drain-timeout", type=float, help="longest wait for the backlog to drain (600 s)")
@@ -982,6 +1045,7 @@ def main() -> None:
     overrides = {
         "duration": arguments.duration,
         "rate": arguments.rate,
+        "capacity_share": arguments.capacity_share,
         "warmup": arguments.warmup,
         "connections": arguments.connections,
         "drain_timeout": arguments.drain_timeout,
