@@ -84,7 +84,7 @@ class Options:
     duration: float
     warmup: float
     rate: float
-    # The capacity phase offers rate × capacity_share (none when it is 1 or less).
+    # The capacity phase offers rate × capacity_share (none when it is 1 or less: _capacity_rate).
     capacity_share: float
     sustainable_share: float
     connections: int
@@ -592,6 +592,13 @@ def phase_run(
     return phase
 
 
+def _capacity_rate(options: Options) -> float | None:
+    """The capacity phase's offered rate; None when there is none (a share of 1 or less, or no target rate)."""
+    if options.rate <= 0 or options.capacity_share <= 1:
+        return None
+    return options.rate * options.capacity_share
+
+
 def phases_run(
     start: Callable[[], contextlib.AbstractContextManager[Target]], options: Options, templates: list[Template]
 ) -> list[Phase]:
@@ -602,8 +609,8 @@ def phases_run(
         print(f"[{target.name}] target: {options.rate:,.0f} spans/s offered for {options.duration:.0f} s", flush=True)
         phases = [phase_run(target, "target", options.rate, options.duration, options, templates, options.profile)]
         _phase_print(phases[0])
-        if phases[0].drained and options.capacity_share > 1:
-            rate = options.rate * options.capacity_share
+        rate = _capacity_rate(options)
+        if phases[0].drained and rate is not None:
             print(f"[{target.name}] capacity: {rate:,.0f} spans/s offered for {options.duration:.0f} s", flush=True)
             phases.append(phase_run(target, "capacity", rate, options.duration, options, templates))
             _phase_print(phases[-1])
@@ -956,13 +963,18 @@ def report_phases(report: Report, phases: Sequence[Phase], options: Options) -> 
 
 def run(report: Report, *, quick: bool = False, options: Options | None = None) -> None:
     options = options or options_default(quick)
+    capacity_rate = _capacity_rate(options)
+    capacity = (
+        f"for a system that kept up with it, a capacity phase at {capacity_rate:,.0f} spans/s offered for as long; "
+        if capacity_rate is not None
+        else ""
+    )
     report.line(
         f"Offered load: OTLP/protobuf, {TRAJECTORIES_PER_REQUEST} trajectories × {SPANS_PER_TRAJECTORY} spans "
         f"per request (~0.85 MB), {options.processes} generator processes × "
         f"{options.connections // options.processes} keep-alive connections; target phase "
         f"{options.rate:,.0f} spans/s offered for {options.duration:.0f} s (steady-state window after "
-        f"{options.warmup:.0f} s); for a system that kept up with it, a capacity phase at "
-        f"{options.rate * options.capacity_share:,.0f} spans/s offered for as long; a sustainable phase at "
+        f"{options.warmup:.0f} s); {capacity}a sustainable phase at "
         f"{options.sustainable_share:.0%} of the highest durable rate before it (or the target phase's drain rate, if "
         f"higher), for {max(10.0, options.duration / 2):.0f} s. Time to queryable: "
         f"{len(SAMPLES_PER_REQUEST)} trajectories per acknowledged request, polled every "
